@@ -191,6 +191,9 @@ class ConversationItemTruncate(_ClientEvent):
     item_id: str
     content_index: int = 0
     audio_end_ms: int = Field(ge=0)
+    # Our extension: the transcript the listener actually heard (LiveKit knows it from its
+    # playback-synchronised transcription). Without it the worker estimates the cut.
+    audio_transcript: str | None = None
 
 
 class ConversationItemDelete(_ClientEvent):

@@ -1,0 +1,55 @@
+"""`omni-worker serve …` (also `python -m inference serve …`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from .config import Limits, WorkerSettings
+from .engine import ENGINES
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="omni-worker", description="Realtime omni model worker")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve the OpenAI Realtime protocol over an omni engine",
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    defaults = WorkerSettings()  # env OMNI_* already applied, so --help shows the effective values
+    serve.add_argument("--engine", choices=ENGINES, default=defaults.engine)
+    serve.add_argument("--model", default=defaults.model,
+                       help="local path, Hugging Face id, or 'tiny-random' (small random model, no download)")
+    serve.add_argument("--host", default=defaults.host)
+    serve.add_argument("--port", type=int, default=defaults.port)
+    serve.add_argument("--insecure-no-auth", action="store_true", default=defaults.insecure_no_auth,
+                       help="serve without OMNI_API_KEY (anyone who reaches the port can use the GPU)")
+    serve.add_argument("--max-sessions", type=int, default=defaults.limits.max_sessions,
+                       help="concurrent sessions before new ones are refused with 503")
+    serve.add_argument("--device", default=defaults.device, help="reference engine: cuda, cpu or auto")
+    serve.add_argument("--dtype", default=defaults.dtype, help="reference engine: bfloat16, float32 or auto")
+    serve.add_argument("--log-level", default="INFO")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = WorkerSettings(
+        engine=args.engine, model=args.model, host=args.host, port=args.port,
+        insecure_no_auth=args.insecure_no_auth, device=args.device, dtype=args.dtype,
+        limits=Limits(max_sessions=args.max_sessions),
+    )
+    if settings.api_key is None and not settings.insecure_no_auth:
+        print("omni-worker: OMNI_API_KEY is not set. Set it (clients send 'Authorization: Bearer <key>'), "
+              "or pass --insecure-no-auth to serve without a key.", file=sys.stderr)
+        return 2
+    if settings.api_key is not None and settings.insecure_no_auth:
+        logging.getLogger(__name__).warning("--insecure-no-auth given but OMNI_API_KEY is set: the key is enforced")
+    from .server import serve
+    return asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

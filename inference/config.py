@@ -1,0 +1,43 @@
+"""Worker settings: command-line flags over environment variables over defaults."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Limits(BaseSettings):
+    """Limits that protect the GPU and the other sessions. Env: OMNI_LIMIT_<NAME>."""
+
+    model_config = SettingsConfigDict(env_prefix="OMNI_LIMIT_")
+
+    max_sessions: int = Field(16, ge=1, description="concurrent WebSocket sessions (the /health capacity)")
+    max_event_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="one client event, JSON text")
+    max_event_audio_s: float = Field(10.0, gt=0, description="audio in one append or item event")
+    max_turn_audio_s: float = Field(120.0, gt=0, description="uncommitted input audio buffer")
+    max_conversation_audio_s: float = Field(1800.0, gt=0, description="user audio kept in one conversation")
+    max_conversation_items: int = Field(1000, ge=1)
+    max_instructions_chars: int = Field(32_000, ge=1)
+    max_output_tokens: int = Field(4096, ge=1, description="per response; 'inf' from a client means this")
+    idle_timeout_s: float = Field(600.0, gt=0, description="close a session with no client event for this long")
+
+
+class WorkerSettings(BaseSettings):
+    """Everything `omni-worker serve` needs. Env: OMNI_<NAME>."""
+
+    model_config = SettingsConfigDict(env_prefix="OMNI_")
+
+    engine: str = "reference"
+    model: str = "tiny-random"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: SecretStr | None = None
+    insecure_no_auth: bool = False
+    device: str = "auto"
+    dtype: str = "auto"
+    limits: Limits = Field(default_factory=Limits)
+
+    def engine_options(self) -> dict[str, str]:
+        if self.engine == "reference":
+            return {"device": self.device, "dtype": self.dtype}
+        return {}

@@ -1,0 +1,155 @@
+"""One session's conversation: ordered items, their audio, truncation, and the engine context.
+
+Items are kept in their wire form (audio payloads stripped, so events that echo items stay
+small) next to the decoded user audio (int16, 16 kHz). `to_context()` turns them into the
+engine's context items, which is everything the engine ever sees of the history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import engine as eng
+from .audio import int16_to_float
+from .protocol import FunctionCallItem, FunctionCallOutputItem, MessageItem, new_id
+
+Item = MessageItem | FunctionCallItem | FunctionCallOutputItem
+
+
+class ConversationError(ValueError):
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.param = code, message, param
+
+
+@dataclass
+class Entry:
+    item: Item
+    # user audio by content index, int16 at 16 kHz
+    audio: dict[int, np.ndarray] = field(default_factory=dict)
+    # assistant audio produced (or, after truncation, heard) in milliseconds
+    audio_ms: int = 0
+
+
+class Conversation:
+    def __init__(self, max_items: int, max_audio_s: float) -> None:
+        self._entries: list[Entry] = []
+        self._max_items = max_items
+        self._max_audio_samples = int(max_audio_s * eng.INPUT_SAMPLE_RATE)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self):
+        return iter(self._entries)
+
+    @property
+    def last_id(self) -> str | None:
+        return self._entries[-1].item.id if self._entries else None
+
+    def get(self, item_id: str) -> Entry:
+        for entry in self._entries:
+            if entry.item.id == item_id:
+                return entry
+        raise ConversationError("item_not_found", f"no conversation item with id {item_id!r}", "item_id")
+
+    def audio_samples(self) -> int:
+        return sum(a.size for e in self._entries for a in e.audio.values())
+
+    def add(self, entry: Entry, previous_item_id: str | None = None) -> str | None:
+        """Insert after `previous_item_id` ("root" = at the start; None = at the end).
+
+        Returns the id of the item now before it. Validates everything before changing anything.
+        """
+        if len(self._entries) >= self._max_items:
+            raise ConversationError(
+                "conversation_full", f"the conversation already holds {self._max_items} items; delete some first")
+        new_samples = sum(a.size for a in entry.audio.values())
+        if new_samples and self.audio_samples() + new_samples > self._max_audio_samples:
+            raise ConversationError(
+                "conversation_audio_limit",
+                f"the conversation would hold more than {self._max_audio_samples // eng.INPUT_SAMPLE_RATE} s "
+                "of user audio; delete earlier items first")
+        if entry.item.id is None:
+            entry.item.id = new_id("item")
+        elif any(e.item.id == entry.item.id for e in self._entries):
+            raise ConversationError("item_id_taken", f"an item with id {entry.item.id!r} already exists", "item.id")
+        if previous_item_id is None:
+            index = len(self._entries)
+        elif previous_item_id == "root":
+            index = 0
+        else:
+            index = self._entries.index(self.get(previous_item_id)) + 1
+        self._entries.insert(index, entry)
+        return self._entries[index - 1].item.id if index else None
+
+    def delete(self, item_id: str) -> None:
+        self._entries.remove(self.get(item_id))
+
+    def truncate(self, item_id: str, content_index: int, audio_end_ms: int,
+                 heard_transcript: str | None = None) -> None:
+        """Cut an assistant audio item to what the listener heard."""
+        entry = self.get(item_id)
+        item = entry.item
+        if not (isinstance(item, MessageItem) and item.role == "assistant"):
+            raise ConversationError("invalid_item_type", "only assistant messages can be truncated", "item_id")
+        if not (0 <= content_index < len(item.content)) or item.content[content_index].type != "output_audio":
+            raise ConversationError(
+                "invalid_content_index", f"content {content_index} of {item_id!r} is not audio", "content_index")
+        if audio_end_ms > entry.audio_ms:
+            raise ConversationError(
+                "invalid_audio_end_ms",
+                f"audio_end_ms {audio_end_ms} is past the end of the item's audio ({entry.audio_ms} ms)",
+                "audio_end_ms")
+        part = item.content[content_index]
+        full = part.transcript or ""
+        if heard_transcript is not None:
+            part.transcript = heard_transcript
+        else:
+            part.transcript = cut_transcript(full, audio_end_ms / entry.audio_ms if entry.audio_ms else 0.0)
+        entry.audio_ms = audio_end_ms
+        item.status = "incomplete" if part.transcript != full else item.status
+
+    def to_context(self) -> list[eng.ContextItem]:
+        context: list[eng.ContextItem] = []
+        for entry in self._entries:
+            context.extend(entry_context(entry))
+        return context
+
+
+def cut_transcript(text: str, fraction: float) -> str:
+    """Keep the words that were spoken in the first `fraction` of the audio.
+
+    Text and audio are produced together but not aligned word by word, so this assumes an
+    even speaking rate and rounds down to a whole word.
+    """
+    if fraction >= 1.0:
+        return text
+    keep = int(len(text) * max(fraction, 0.0))
+    if keep < len(text) and keep > 0 and not text[keep].isspace():
+        keep = text.rfind(" ", 0, keep) + 1
+    return text[:keep].rstrip()
+
+
+def entry_context(entry: Entry) -> list[eng.ContextItem]:
+    """What the engine sees of one item."""
+    item = entry.item
+    if isinstance(item, FunctionCallItem):
+        return [eng.ToolCall(call_id=item.call_id, name=item.name, arguments=item.arguments)]
+    if isinstance(item, FunctionCallOutputItem):
+        return [eng.ToolResult(call_id=item.call_id, output=item.output)]
+    out: list[eng.ContextItem] = []
+    for index, part in enumerate(item.content):
+        if item.role == "assistant":
+            text = part.text if part.type in ("output_text", "text") else part.transcript
+            if text:
+                out.append(eng.AssistantText(text))
+        elif index in entry.audio:
+            out.append(eng.UserAudio(int16_to_float(entry.audio[index])))
+        elif part.type in ("input_audio", "audio") and part.transcript:
+            out.append(eng.UserText(part.transcript))
+        elif part.text:
+            out.append(eng.SystemText(part.text) if item.role == "system" else eng.UserText(part.text))
+    return out

@@ -1,0 +1,202 @@
+"""One response: engine deltas in, the Realtime event sequence out.
+
+The order is the one OpenAI's Realtime API uses, which clients rely on:
+response.created → per output item: output_item.added, conversation.item.added,
+(content_part.added, audio/transcript or text deltas, their .done events, content_part.done)
+or function_call_arguments.delta/.done → output_item.done, conversation.item.done →
+response.done with status and usage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Awaitable, Callable
+
+import numpy as np
+
+from . import engine as eng
+from . import protocol as p
+from .audio import encode_pcm16
+from .conversation import Conversation, Entry
+from .metrics import WorkerMetrics
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[p._ServerEvent], Awaitable[None]]
+
+
+class ResponseRun:
+    """Streams one engine generation to the client and records its items in the conversation."""
+
+    def __init__(self, *, response: p.Response, request: eng.GenerationRequest, engine: eng.OmniEngine,
+                 conversation: Conversation | None, send: Send, metrics: WorkerMetrics, started_at: float) -> None:
+        self.response = response
+        self.request = request
+        self._engine = engine
+        self._conversation = conversation  # None for out-of-band responses (conversation: "none")
+        self._send = send
+        self._metrics = metrics
+        self._started_at = started_at
+        self._audio = "audio" in request.modalities
+        self._message: Entry | None = None  # the assistant message being streamed
+        self._first_audio_at: float | None = None
+        self._audio_samples = 0
+        self.cancel_reason = "client_cancelled"
+
+    @property
+    def id(self) -> str:
+        return self.response.id
+
+    async def run(self) -> None:
+        await self._send(p.ResponseCreated(response=self.response))
+        finished: eng.Finished | None = None
+        failure: str | None = None
+        cancelled = False
+        stream = self._engine.generate(self.request)
+        try:
+            async for delta in stream:
+                received = time.perf_counter()
+                if isinstance(delta, eng.Finished):
+                    finished = delta
+                    break
+                await self._on_delta(delta)
+                self._metrics.gateway_delta_latency.observe(time.perf_counter() - received)
+        except asyncio.CancelledError:
+            cancelled = True
+        except eng.EngineError as e:
+            log.warning("response %s failed: %s", self.id, e)
+            failure = str(e)
+            code = "engine_overloaded" if isinstance(e, eng.EngineOverloaded) else "engine_error"
+        finally:
+            await stream.aclose()  # stops engine work before anything else is sent
+
+        if cancelled:
+            self._metrics.cancels.labels(self.cancel_reason).inc()
+            await self._finish("cancelled", {"type": "cancelled", "reason": self.cancel_reason})
+        elif failure is not None or finished is None:
+            error = {"type": "server_error", "code": "engine_error" if failure is None else code,
+                     "message": failure or "the engine ended without finishing"}
+            await self._finish("failed", {"type": "failed", "error": error})
+        else:
+            self._record_usage(finished)
+            if finished.reason == "length":
+                await self._finish("incomplete", {"type": "incomplete", "reason": "max_output_tokens"})
+            else:
+                await self._finish("completed", None)
+
+    # ------------------------------------------------------------------ deltas
+
+    async def _on_delta(self, delta: eng.Delta) -> None:
+        if isinstance(delta, eng.ToolCallDelta):
+            await self._close_message("completed")
+            await self._emit_function_call(delta)
+            return
+        entry = self._message or await self._open_message()
+        ids = dict(response_id=self.id, item_id=entry.item.id, output_index=len(self.response.output) - 1)
+        part = entry.item.content[0]
+        if isinstance(delta, eng.TextDelta):
+            if self._audio:
+                part.transcript = (part.transcript or "") + delta.text
+                await self._send(p.ResponseOutputAudioTranscriptDelta(**ids, delta=delta.text))
+            else:
+                part.text = (part.text or "") + delta.text
+                await self._send(p.ResponseOutputTextDelta(**ids, delta=delta.text))
+        elif isinstance(delta, eng.AudioDelta) and self._audio and delta.audio.size:
+            if self._first_audio_at is None:
+                self._first_audio_at = time.perf_counter()
+                self._metrics.time_to_first_audio.observe(self._first_audio_at - self._started_at)
+            self._audio_samples += delta.audio.size
+            self._metrics.output_audio_seconds.inc(delta.audio.size / eng.OUTPUT_SAMPLE_RATE)
+            entry.audio_ms = self._audio_samples * 1000 // eng.OUTPUT_SAMPLE_RATE
+            await self._send(p.ResponseOutputAudioDelta(**ids, delta=encode_pcm16(np.asarray(delta.audio))))
+
+    async def _open_message(self) -> Entry:
+        part_type = "output_audio" if self._audio else "output_text"
+        item = p.MessageItem(id=p.new_id("item"), role="assistant", status="in_progress",
+                             content=[p.ContentPart(type=part_type, transcript="" if self._audio else None,
+                                                    text=None if self._audio else "")])
+        entry = Entry(item=item)
+        await self._add_output_item(entry)
+        self._message = entry
+        await self._send(p.ResponseContentPartAdded(
+            response_id=self.id, item_id=item.id, output_index=len(self.response.output) - 1,
+            part=_wire_part(item.content[0])))
+        return entry
+
+    async def _close_message(self, status: str) -> None:
+        entry, self._message = self._message, None
+        if entry is None:
+            return
+        item = entry.item
+        part = item.content[0]
+        ids = dict(response_id=self.id, item_id=item.id, output_index=self.response.output.index(item))
+        if self._audio:
+            await self._send(p.ResponseOutputAudioDone(**ids))
+            await self._send(p.ResponseOutputAudioTranscriptDone(**ids, transcript=part.transcript or ""))
+        else:
+            await self._send(p.ResponseOutputTextDone(**ids, text=part.text or ""))
+        await self._send(p.ResponseContentPartDone(**ids, part=_wire_part(part)))
+        item.status = status  # type: ignore[assignment]
+        await self._done_output_item(entry)
+
+    async def _emit_function_call(self, call: eng.ToolCallDelta) -> None:
+        item = p.FunctionCallItem(id=p.new_id("item"), call_id=call.call_id, name=call.name,
+                                  arguments="", status="in_progress")
+        entry = Entry(item=item)
+        await self._add_output_item(entry)
+        ids = dict(response_id=self.id, item_id=item.id, output_index=len(self.response.output) - 1,
+                   call_id=call.call_id)
+        await self._send(p.ResponseFunctionCallArgumentsDelta(**ids, delta=call.arguments))
+        item.arguments = call.arguments
+        await self._send(p.ResponseFunctionCallArgumentsDone(**ids, name=call.name, arguments=call.arguments))
+        item.status = "completed"
+        await self._done_output_item(entry)
+
+    async def _add_output_item(self, entry: Entry) -> None:
+        self.response.output.append(entry.item)
+        previous = None
+        if self._conversation is not None:
+            previous = self._conversation.add(entry)
+        await self._send(p.ResponseOutputItemAdded(
+            response_id=self.id, output_index=len(self.response.output) - 1, item=entry.item))
+        await self._send(p.ConversationItemAdded(previous_item_id=previous, item=entry.item))
+
+    async def _done_output_item(self, entry: Entry) -> None:
+        index = self.response.output.index(entry.item)
+        await self._send(p.ResponseOutputItemDone(response_id=self.id, output_index=index, item=entry.item))
+        await self._send(p.ConversationItemDone(item=entry.item))
+
+    # ------------------------------------------------------------------ the end
+
+    async def _finish(self, status: str, details: dict | None) -> None:
+        await self._close_message("completed" if status == "completed" else "incomplete")
+        self.response.status = status  # type: ignore[assignment]
+        self.response.status_details = details
+        await self._send(p.ResponseDone(response=self.response))
+        self._metrics.responses.labels(status).inc()
+
+    def _record_usage(self, finished: eng.Finished) -> None:
+        text_out, audio_out = finished.output_text_tokens, finished.output_audio_tokens
+        self.response.usage = p.Usage(
+            total_tokens=finished.input_tokens + text_out + audio_out,
+            input_tokens=finished.input_tokens,
+            output_tokens=text_out + audio_out,
+            input_token_details={"text_tokens": finished.input_tokens - finished.input_audio_tokens,
+                                 "audio_tokens": finished.input_audio_tokens, "cached_tokens": 0},
+            output_token_details={"text_tokens": text_out, "audio_tokens": audio_out},
+        )
+        timings = finished.timings
+        if "queue_wait_s" in timings:
+            self._metrics.queue_wait.observe(timings["queue_wait_s"])
+        audio_s = self._audio_samples / eng.OUTPUT_SAMPLE_RATE
+        if audio_s > 0:
+            self._metrics.realtime_factor.observe((time.perf_counter() - self._started_at) / audio_s)
+
+
+def _wire_part(part: p.ContentPart) -> p.ContentPart:
+    """Content parts in response.content_part.* use the short names ("audio", "text")."""
+    if part.type == "output_audio":
+        return p.ContentPart(type="audio", transcript=part.transcript or "")
+    return p.ContentPart(type="text", text=part.text or "")

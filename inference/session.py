@@ -1,0 +1,411 @@
+"""One realtime session: one WebSocket, one task that owns all of the session's state.
+
+The session task reads client events in order and applies them; the only other task is the
+current response (a child, see `inference.response`), which it starts and cancels. Errors a
+client causes are answered with an `error` event and change nothing; the socket stays open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+import numpy as np
+from aiohttp import WSMsgType, web
+from pydantic import ValidationError
+
+from . import engine as eng
+from . import protocol as p
+from .audio import AudioFormatError, InputResampler, check_input_rate, decode_pcm16, to_model_rate
+from .config import Limits
+from .conversation import Conversation, ConversationError, Entry, entry_context
+from .metrics import WorkerMetrics
+from .response import ResponseRun
+from .vad import EnergyVad, SpeechStarted
+
+log = logging.getLogger(__name__)
+
+MIN_COMMIT_SAMPLES = eng.INPUT_SAMPLE_RATE // 10  # OpenAI refuses commits under 100 ms too
+
+
+class ClientError(Exception):
+    """A request the client got wrong; becomes an `error` event."""
+
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.param = code, message, param
+
+
+class RealtimeSession:
+    def __init__(self, ws: web.WebSocketResponse, engine: eng.OmniEngine, limits: Limits,
+                 metrics: WorkerMetrics) -> None:
+        self._ws = ws
+        self._engine = engine
+        self._limits = limits
+        self._metrics = metrics
+        self.config = p.SessionConfig(id=p.new_id("sess"), model=engine.model)
+        self.config.audio.output.voice = engine.voices[0]
+        self.conversation = Conversation(limits.max_conversation_items, limits.max_conversation_audio_s)
+        self._resampler = InputResampler(self.config.audio.input.format.rate or eng.INPUT_SAMPLE_RATE)
+        self._buffer: list[np.ndarray] = []  # uncommitted input audio, int16 at 16 kHz
+        self._buffered = 0
+        self._vad: EnergyVad | None = None
+        self._response: ResponseRun | None = None
+        self._response_task: asyncio.Task[None] | None = None
+        self._send_lock = asyncio.Lock()
+        self._handlers = {
+            "session.update": self._session_update,
+            "input_audio_buffer.append": self._append,
+            "input_audio_buffer.commit": self._commit,
+            "input_audio_buffer.clear": self._clear,
+            "conversation.item.create": self._item_create,
+            "conversation.item.truncate": self._item_truncate,
+            "conversation.item.delete": self._item_delete,
+            "conversation.item.retrieve": self._item_retrieve,
+            "response.create": self._response_create,
+            "response.cancel": self._response_cancel,
+        }
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self) -> None:
+        log.info("session %s opened", self.config.id)
+        await self.send(p.SessionCreated(session=self.config))
+        try:
+            while not self._ws.closed:
+                try:
+                    msg = await self._ws.receive(timeout=self._limits.idle_timeout_s)
+                except asyncio.TimeoutError:
+                    if self._response_task is not None:
+                        continue  # the client is listening to a reply, not idle
+                    await self._error("idle_timeout",
+                                      f"no client event for {self._limits.idle_timeout_s:g} s; closing the session")
+                    await self._ws.close(code=1000, message=b"idle timeout")
+                    break
+                if msg.type == WSMsgType.TEXT:
+                    await self._on_text(msg.data)
+                elif msg.type == WSMsgType.BINARY:
+                    await self._error("invalid_event", "binary frames are not supported; send JSON text events")
+                else:  # CLOSE, CLOSING, CLOSED, ERROR
+                    break
+        finally:
+            await self._cancel_response("client_disconnected")
+            log.info("session %s closed", self.config.id)
+
+    async def send(self, event: p._ServerEvent) -> None:
+        if self._ws.closed:
+            return
+        async with self._send_lock:
+            try:
+                await self._ws.send_str(event.to_json())
+            except ConnectionError:
+                pass  # the reader sees the close and ends the session
+
+    async def _error(self, code: str, message: str, *, event_id: str | None = None,
+                     param: str | None = None, server: bool = False) -> None:
+        self._metrics.errors.labels(code).inc()
+        await self.send(p.error_event(code, message, event_id=event_id, param=param, server=server))
+
+    async def _on_text(self, data: str) -> None:
+        if len(data) > self._limits.max_event_bytes:
+            await self._error("event_too_large",
+                              f"event of {len(data)} bytes is over the {self._limits.max_event_bytes} byte limit")
+            return
+        try:
+            raw = json.loads(data)
+        except json.JSONDecodeError as e:
+            await self._error("invalid_json", f"event is not valid JSON: {e}")
+            return
+        if not isinstance(raw, dict):
+            await self._error("invalid_event", "an event must be a JSON object")
+            return
+        event_id = raw.get("event_id") if isinstance(raw.get("event_id"), str) else None
+        try:
+            event = p.parse_client_event(raw)
+        except p.UnknownEventError as e:
+            await self._error("unknown_event", str(e), event_id=event_id, param="type")
+            return
+        except ValidationError as e:
+            await self._error("invalid_event", _describe(e, raw.get("type")), event_id=event_id,
+                              param=_first_loc(e))
+            return
+        try:
+            await self._handlers[event.type](event)  # type: ignore[attr-defined]
+        except (ClientError, ConversationError) as e:
+            await self._error(e.code, e.message, event_id=event_id, param=e.param)
+        except AudioFormatError as e:
+            await self._error("invalid_audio", str(e), event_id=event_id, param="audio")
+        except Exception:  # a bug of ours must not take the session down
+            log.exception("session %s: failed to handle %s", self.config.id, raw.get("type"))
+            await self._error("internal_error", f"the worker failed to handle {raw.get('type')}",
+                              event_id=event_id, server=True)
+
+    # ------------------------------------------------------------------ session
+
+    async def _session_update(self, event: p.SessionUpdate) -> None:
+        update = event.session.model_dump(exclude_unset=True)
+        update.pop("type", None)
+        merged = _deep_merge(self.config.model_dump(), update)
+        try:
+            config = p.SessionConfig.model_validate(merged)
+        except ValidationError as e:
+            raise ClientError("invalid_session", _describe(e, "session.update"), "session") from None
+        self._check_formats(config)
+        self._check_instructions(config.instructions)
+        config.audio.output.voice = self._map_voice(config.audio.output.voice)
+        if config.audio.input.turn_detection and config.audio.input.turn_detection.type != "server_vad":
+            log.warning("session %s: turn detection %r is served as server_vad", self.config.id,
+                        config.audio.input.turn_detection.type)
+            config.audio.input.turn_detection.type = "server_vad"
+        if config.audio.input.transcription:
+            log.warning("session %s: input transcription is not supported; ignoring %s",
+                        self.config.id, config.audio.input.transcription)
+        # validated: apply
+        if config.audio.input.format.rate != self._resampler.rate:
+            self._buffer_add(self._resampler.flush())
+            self._resampler = InputResampler(config.audio.input.format.rate)  # type: ignore[arg-type]
+        td = config.audio.input.turn_detection
+        self._vad = EnergyVad(td.threshold, td.prefix_padding_ms, td.silence_duration_ms) if td else None
+        self.config = config
+        await self.send(p.SessionUpdated(session=self.config))
+
+    def _check_formats(self, config: p.SessionConfig) -> None:
+        fmt_in, fmt_out = config.audio.input.format, config.audio.output.format
+        if fmt_in.type != "audio/pcm":
+            raise ClientError("unsupported_audio_format",
+                              f"input format {fmt_in.type!r} is not supported; use audio/pcm", "audio.input.format")
+        fmt_in.rate = fmt_in.rate or eng.INPUT_SAMPLE_RATE
+        try:
+            check_input_rate(fmt_in.rate)
+        except AudioFormatError as e:
+            raise ClientError("unsupported_audio_format", str(e), "audio.input.format.rate") from None
+        if fmt_out.type != "audio/pcm" or (fmt_out.rate or eng.OUTPUT_SAMPLE_RATE) != eng.OUTPUT_SAMPLE_RATE:
+            raise ClientError("unsupported_audio_format",
+                              f"output is audio/pcm at {eng.OUTPUT_SAMPLE_RATE} Hz only", "audio.output.format")
+        fmt_out.rate = eng.OUTPUT_SAMPLE_RATE
+
+    def _check_instructions(self, instructions: str | None) -> None:
+        if instructions and len(instructions) > self._limits.max_instructions_chars:
+            raise ClientError("instructions_too_long",
+                              f"instructions are limited to {self._limits.max_instructions_chars} characters",
+                              "instructions")
+
+    def _map_voice(self, voice: str) -> str:
+        for known in self._engine.voices:
+            if known.lower() == voice.lower():
+                return known
+        log.warning("session %s: unknown voice %r, using %r (available: %s)", self.config.id, voice,
+                    self._engine.voices[0], ", ".join(self._engine.voices))
+        return self._engine.voices[0]
+
+    # ------------------------------------------------------------------ input audio
+
+    async def _append(self, event: p.InputAudioBufferAppend) -> None:
+        pcm = decode_pcm16(event.audio)
+        rate = self._resampler.rate
+        if pcm.size > self._limits.max_event_audio_s * rate:
+            raise ClientError("audio_too_long", f"one append carries at most {self._limits.max_event_audio_s:g} s "
+                              f"of audio; this one has {pcm.size / rate:.1f} s", "audio")
+        if (self._buffered + pcm.size * eng.INPUT_SAMPLE_RATE / rate) > \
+                self._limits.max_turn_audio_s * eng.INPUT_SAMPLE_RATE:
+            raise ClientError("input_audio_buffer_full",
+                              f"the input audio buffer holds at most {self._limits.max_turn_audio_s:g} s; "
+                              "commit or clear it", "audio")
+        pcm16k = self._resampler.push(pcm)
+        self._buffer_add(pcm16k)
+        if self._vad is not None:
+            for vad_event in self._vad.push(pcm16k):
+                await self._on_vad(vad_event)
+
+    def _buffer_add(self, pcm16k: np.ndarray) -> None:
+        if pcm16k.size:
+            self._buffer.append(pcm16k)
+            self._buffered += pcm16k.size
+
+    async def _on_vad(self, event: Any) -> None:
+        item_id = p.new_id("item")
+        if isinstance(event, SpeechStarted):
+            await self.send(p.InputAudioBufferSpeechStarted(audio_start_ms=event.audio_start_ms, item_id=item_id))
+            td = self.config.audio.input.turn_detection
+            if td and td.interrupt_response:
+                await self._cancel_response("turn_detected")
+            return
+        await self.send(p.InputAudioBufferSpeechStopped(audio_end_ms=event.audio_end_ms, item_id=item_id))
+        if self._buffered >= MIN_COMMIT_SAMPLES:
+            await self._commit_buffer(item_id)
+            td = self.config.audio.input.turn_detection
+            if td and td.create_response and self._response_task is None:
+                await self._start_response(p.ResponseParams(), event_id=None)
+
+    async def _commit(self, event: p.InputAudioBufferCommit) -> None:
+        self._buffer_add(self._resampler.flush())
+        if self._buffered < MIN_COMMIT_SAMPLES:
+            raise ClientError("input_audio_buffer_commit_empty",
+                              f"the input audio buffer holds {self._buffered * 1000 // eng.INPUT_SAMPLE_RATE} ms; "
+                              "commit needs at least 100 ms")
+        await self._commit_buffer(p.new_id("item"))
+
+    async def _commit_buffer(self, item_id: str) -> None:
+        audio = np.concatenate(self._buffer)
+        item = p.MessageItem(id=item_id, role="user", content=[p.ContentPart(type="input_audio")])
+        previous = self.conversation.add(Entry(item=item, audio={0: audio}))
+        self._buffer, self._buffered = [], 0
+        await self.send(p.InputAudioBufferCommitted(previous_item_id=previous, item_id=item_id))
+        await self.send(p.ConversationItemAdded(previous_item_id=previous, item=item))
+        await self.send(p.ConversationItemDone(previous_item_id=previous, item=item))
+
+    async def _clear(self, event: p.InputAudioBufferClear) -> None:
+        self._resampler.flush()
+        self._buffer, self._buffered = [], 0
+        await self.send(p.InputAudioBufferCleared())
+
+    # ------------------------------------------------------------------ conversation
+
+    async def _item_create(self, event: p.ConversationItemCreate) -> None:
+        entry = self._entry_from_client(event.item)
+        previous = self.conversation.add(entry, event.previous_item_id)
+        await self.send(p.ConversationItemAdded(previous_item_id=previous, item=entry.item))
+        await self.send(p.ConversationItemDone(previous_item_id=previous, item=entry.item))
+
+    def _entry_from_client(self, item: p.MessageItem | p.FunctionCallItem | p.FunctionCallOutputItem) -> Entry:
+        item = item.model_copy(deep=True)
+        item.status = "completed"
+        audio: dict[int, np.ndarray] = {}
+        if isinstance(item, p.MessageItem):
+            for index, part in enumerate(item.content):
+                if item.role != "assistant" and part.type in ("output_text", "output_audio"):
+                    raise ClientError("invalid_content", f"a {item.role} message cannot hold {part.type}",
+                                      f"item.content[{index}].type")
+                if item.role == "assistant" and part.type in ("input_text", "input_audio"):
+                    raise ClientError("invalid_content", f"an assistant message cannot hold {part.type}",
+                                      f"item.content[{index}].type")
+                if part.type in ("input_audio", "audio") and part.audio:
+                    pcm = decode_pcm16(part.audio)
+                    rate = self._resampler.rate
+                    if pcm.size > self._limits.max_turn_audio_s * rate:
+                        raise ClientError("audio_too_long", f"an audio item holds at most "
+                                          f"{self._limits.max_turn_audio_s:g} s", f"item.content[{index}].audio")
+                    if item.role == "user":
+                        audio[index] = to_model_rate(pcm, rate)
+                    part.audio = None  # kept decoded; items echoed to clients stay small
+                if item.role == "system" and part.text:
+                    self._check_instructions(part.text)
+        return Entry(item=item, audio=audio)
+
+    async def _item_truncate(self, event: p.ConversationItemTruncate) -> None:
+        if self._response is not None and any(i.id == event.item_id for i in self._response.response.output):
+            await self._cancel_response("client_cancelled")
+        self.conversation.truncate(event.item_id, event.content_index, event.audio_end_ms, event.audio_transcript)
+        await self.send(p.ConversationItemTruncated(item_id=event.item_id, content_index=event.content_index,
+                                                    audio_end_ms=event.audio_end_ms))
+
+    async def _item_delete(self, event: p.ConversationItemDelete) -> None:
+        if self._response is not None and any(i.id == event.item_id for i in self._response.response.output):
+            raise ClientError("item_in_progress", "cannot delete an item of the response in progress; cancel it first",
+                              "item_id")
+        self.conversation.delete(event.item_id)
+        await self.send(p.ConversationItemDeleted(item_id=event.item_id))
+
+    async def _item_retrieve(self, event: p.ConversationItemRetrieve) -> None:
+        await self.send(p.ConversationItemRetrieved(item=self.conversation.get(event.item_id).item))
+
+    # ------------------------------------------------------------------ responses
+
+    async def _response_create(self, event: p.ResponseCreate) -> None:
+        await self._start_response(event.response or p.ResponseParams(), event.event_id)
+
+    async def _start_response(self, params: p.ResponseParams, event_id: str | None) -> None:
+        started_at = time.perf_counter()
+        if self._response_task is not None:
+            raise ClientError("conversation_already_has_active_response",
+                              f"response {self._response.id} is still in progress; cancel it or wait for "  # type: ignore[union-attr]
+                              "response.done")
+        self._check_instructions(params.instructions)
+        out_of_band = params.conversation == "none"
+        context = self.conversation.to_context() if not out_of_band else []
+        for item in params.input or []:
+            context.extend(entry_context(self._entry_from_client(item)))
+        tools = self.config.tools if params.tools is None else params.tools
+        tool_choice = self.config.tool_choice if params.tool_choice is None else params.tool_choice
+        if isinstance(tool_choice, p.ToolChoiceFunction):
+            if tool_choice.name not in {t.name for t in tools}:
+                raise ClientError("unknown_tool", f"tool_choice names {tool_choice.name!r}, which is not a tool "
+                                  "of this session or response", "tool_choice")
+            tool_choice = tool_choice.name
+        elif tool_choice == "required" and not tools:
+            raise ClientError("no_tools", "tool_choice is 'required' but no tools are defined", "tool_choice")
+        modalities = tuple(params.output_modalities or self.config.output_modalities)
+        voice = self.config.audio.output.voice
+        if params.audio and isinstance(params.audio.get("output"), dict) and params.audio["output"].get("voice"):
+            voice = self._map_voice(str(params.audio["output"]["voice"]))
+        max_tokens = params.max_output_tokens if params.max_output_tokens is not None \
+            else self.config.max_output_tokens
+        if max_tokens == "inf" or max_tokens > self._limits.max_output_tokens:  # type: ignore[operator]
+            max_tokens = self._limits.max_output_tokens
+        response = p.Response(id=p.new_id("resp"), output_modalities=list(modalities), metadata=params.metadata,
+                              conversation_id=None if out_of_band else self.config.id)
+        request = eng.GenerationRequest(
+            request_id=response.id,
+            instructions=self.config.instructions if params.instructions is None else params.instructions,
+            context=context,
+            tools=[eng.ToolSpec(t.name, t.description, t.parameters) for t in tools] if tool_choice != "none" else [],
+            tool_choice=tool_choice,  # type: ignore[arg-type]
+            modalities=modalities,
+            voice=voice,
+            max_output_tokens=int(max_tokens),  # type: ignore[arg-type]
+        )
+        run = ResponseRun(response=response, request=request, engine=self._engine,
+                          conversation=None if out_of_band else self.conversation, send=self.send,
+                          metrics=self._metrics, started_at=started_at)
+        self._response = run
+        self._response_task = asyncio.create_task(self._run_response(run), name=f"response {response.id}")
+
+    async def _run_response(self, run: ResponseRun) -> None:
+        try:
+            await run.run()
+        except Exception:
+            log.exception("session %s: response %s crashed", self.config.id, run.id)
+            await self._error("internal_error", f"response {run.id} failed inside the worker", server=True)
+        finally:
+            if self._response is run:
+                self._response, self._response_task = None, None
+
+    async def _response_cancel(self, event: p.ResponseCancel) -> None:
+        if self._response is None:
+            raise ClientError("response_cancel_not_active", "there is no response in progress to cancel")
+        if event.response_id and event.response_id != self._response.id:
+            raise ClientError("response_cancel_not_active",
+                              f"response {event.response_id!r} is not the one in progress", "response_id")
+        await self._cancel_response("client_cancelled")
+
+    async def _cancel_response(self, reason: str) -> None:
+        """Cancel the response in progress and wait until its response.done is sent."""
+        task, run = self._response_task, self._response
+        if task is None or run is None:
+            return
+        run.cancel_reason = reason
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _first_loc(e: ValidationError) -> str | None:
+    errors = e.errors()
+    return ".".join(str(x) for x in errors[0]["loc"]) if errors else None
+
+
+def _describe(e: ValidationError, event_type: Any) -> str:
+    parts = [f"{'.'.join(str(x) for x in err['loc']) or 'event'}: {err['msg']}" for err in e.errors()[:3]]
+    return f"invalid {event_type}: " + "; ".join(parts)
