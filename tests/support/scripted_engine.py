@@ -1,0 +1,51 @@
+"""A test double for the engine: plays a fixed script and records every request it gets.
+
+Used only by gateway tests that must see exactly what the gateway hands the engine
+(context after truncation, tools, voice); everything user-facing is also tested against the
+real reference engine on tiny-random.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator
+
+import numpy as np
+
+from inference import engine as eng
+
+
+class ScriptedEngine(eng.OmniEngine):
+    name = "scripted"
+    voices = ("Chelsie", "Ethan")
+
+    def __init__(self, words: int = 5, samples_per_word: int = 4800, step_s: float = 0.01,
+                 tool_call: eng.ToolCallDelta | None = None) -> None:
+        super().__init__("scripted-model")
+        self.words, self.samples_per_word, self.step_s = words, samples_per_word, step_s
+        self.tool_call = tool_call
+        self.requests: list[eng.GenerationRequest] = []
+        self.steps_run = 0
+        self.active = 0
+
+    async def start(self) -> None:
+        pass
+
+    async def generate(self, request: eng.GenerationRequest) -> AsyncIterator[eng.Delta]:
+        self.requests.append(request)
+        self.active += 1
+        try:
+            if self.tool_call and request.tools:
+                yield self.tool_call
+                yield eng.Finished(reason="tool_calls", input_tokens=10, output_text_tokens=5)
+                return
+            for i in range(self.words):
+                await asyncio.sleep(self.step_s)
+                self.steps_run += 1
+                yield eng.TextDelta(f"word{i} ")
+                if "audio" in request.modalities:
+                    yield eng.AudioDelta(np.full(self.samples_per_word, 0.1, np.float32))
+            yield eng.Finished(input_tokens=10, output_text_tokens=self.words,
+                               output_audio_tokens=self.words * 10, timings={"queue_wait_s": 0.0})
+        finally:
+            self.active -= 1

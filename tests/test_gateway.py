@@ -1,0 +1,248 @@
+"""Gateway behaviour that must be checked against exactly what the engine receives.
+
+These run the real aiohttp app on a real socket over `ScriptedEngine`, a test double that
+records requests. User-facing behaviour over the real model is in test_worker_realtime.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from aiohttp.test_utils import TestServer
+
+from inference import engine as eng
+from inference.config import Limits, WorkerSettings
+from inference.server import Worker
+from tests.support.realtime_client import RealtimeClient, audio_of, speech_like, transcript_of
+from tests.support.scripted_engine import ScriptedEngine
+
+
+class Gateway:
+    def __init__(self, engine: ScriptedEngine, **limits) -> None:
+        self.engine = engine
+        self.worker = Worker(WorkerSettings(api_key="k", limits=Limits(**limits)), engine)
+        self.worker.state = "ready"
+        self.server = TestServer(self.worker.app)
+
+    @property
+    def url(self) -> str:
+        return str(self.server.make_url("/v1/realtime")).replace("http://", "ws://")
+
+    async def client(self) -> RealtimeClient:
+        return await RealtimeClient.connect(self.url, "k")
+
+
+@pytest.fixture
+async def gateway():
+    gw = Gateway(ScriptedEngine())
+    await gw.server.start_server()
+    yield gw
+    await gw.server.close()
+
+
+async def say(client: RealtimeClient, text: str) -> None:
+    await client.send("conversation.item.create",
+                      item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
+    await client.wait_for("conversation.item.done")
+
+
+async def test_response_event_order_and_usage(gateway):
+    async with await gateway.client() as c:
+        await say(c, "hello")
+        await c.send("response.create", response={"metadata": {"client_event_id": "abc"}})
+        events = await c.until_done()
+    types = [e["type"] for e in events]
+    assert types[0] == "response.created"
+    assert events[0]["response"]["metadata"] == {"client_event_id": "abc"}
+    assert types[1:4] == ["response.output_item.added", "conversation.item.added", "response.content_part.added"]
+    assert types[-6:] == ["response.output_audio.done", "response.output_audio_transcript.done",
+                          "response.content_part.done", "response.output_item.done", "conversation.item.done",
+                          "response.done"]
+    done = events[-1]["response"]
+    assert done["status"] == "completed"
+    assert done["usage"]["output_tokens"] == 5 + 50
+    assert transcript_of(events) == "word0 word1 word2 word3 word4 "
+    assert audio_of(events).size == 5 * 4800
+    item = done["output"][0]
+    assert item["content"][0] == {"type": "output_audio", "transcript": "word0 word1 word2 word3 word4 ",
+                                  "text": None, "audio": None}
+
+
+async def test_three_turn_context_reaches_engine(gateway):
+    async with await gateway.client() as c:
+        for text in ("one", "two", "three"):
+            await say(c, text)
+            await c.send("response.create")
+            await c.until_done()
+    last = gateway.engine.requests[-1].context
+    kinds = [type(item).__name__ for item in last]
+    assert kinds == ["UserText", "AssistantText", "UserText", "AssistantText", "UserText"]
+    assert [i.text for i in last if isinstance(i, eng.UserText)] == ["one", "two", "three"]
+
+
+async def test_truncate_cuts_what_the_engine_sees_next(gateway):
+    async with await gateway.client() as c:
+        await say(c, "hi")
+        await c.send("response.create")
+        events = await c.until_done()
+        item_id = events[-1]["response"]["output"][0]["id"]
+        # 5 words x 200 ms of audio: the listener heard the first 400 ms
+        await c.send("conversation.item.truncate", item_id=item_id, content_index=0, audio_end_ms=400)
+        truncated = await c.recv()
+        assert truncated == {**truncated, "type": "conversation.item.truncated", "audio_end_ms": 400}
+        await say(c, "next")
+        await c.send("response.create")
+        await c.until_done()
+    heard = [i.text for i in gateway.engine.requests[-1].context if isinstance(i, eng.AssistantText)]
+    assert heard == ["word0 word1"]
+
+
+async def test_truncate_prefers_the_heard_transcript_and_rejects_bad_offsets(gateway):
+    async with await gateway.client() as c:
+        await say(c, "hi")
+        await c.send("response.create")
+        item_id = (await c.until_done())[-1]["response"]["output"][0]["id"]
+        await c.send("conversation.item.truncate", item_id=item_id, content_index=0, audio_end_ms=5000,
+                     event_id="bad")
+        error = await c.recv()
+        assert error["type"] == "error" and error["error"]["code"] == "invalid_audio_end_ms"
+        assert error["error"]["event_id"] == "bad"
+        await c.send("conversation.item.truncate", item_id=item_id, content_index=0, audio_end_ms=300,
+                     audio_transcript="word0 wo")
+        await c.wait_for("conversation.item.truncated")
+        await c.send("conversation.item.retrieve", item_id=item_id)
+        item = (await c.wait_for("conversation.item.retrieved"))["item"]
+    assert item["content"][0]["transcript"] == "word0 wo"
+    assert item["status"] == "incomplete"
+
+
+async def test_cancel_stops_the_engine_and_keeps_the_partial_item(gateway):
+    gateway.engine.words, gateway.engine.step_s = 200, 0.05
+    async with await gateway.client() as c:
+        await say(c, "tell me a long story")
+        await c.send("response.create")
+        await c.wait_for("response.output_audio.delta")
+        await c.send("response.cancel")
+        events = await c.until_done()
+        done = events[-1]["response"]
+        assert done["status"] == "cancelled"
+        assert done["status_details"]["reason"] == "client_cancelled"
+        assert done["output"][0]["status"] == "incomplete"
+        steps = gateway.engine.steps_run
+        await asyncio.sleep(0.3)
+        assert gateway.engine.active == 0
+        assert gateway.engine.steps_run == steps  # no work after response.done
+        assert steps < 200
+        # the session goes on
+        await c.send("response.cancel", event_id="again")
+        error = await c.recv()
+        assert error["error"]["code"] == "response_cancel_not_active"
+
+
+async def test_dropped_socket_stops_engine_work(gateway):
+    gateway.engine.words, gateway.engine.step_s = 200, 0.05
+    c = await gateway.client()
+    await say(c, "long")
+    await c.send("response.create")
+    await c.wait_for("response.output_audio.delta")
+    await c.close()
+    for _ in range(50):
+        if gateway.engine.active == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert gateway.engine.active == 0
+    assert gateway.engine.steps_run < 200
+
+
+async def test_second_response_while_active_is_refused(gateway):
+    gateway.engine.words, gateway.engine.step_s = 50, 0.05
+    async with await gateway.client() as c:
+        await say(c, "x")
+        await c.send("response.create")
+        await c.wait_for("response.created")
+        await c.send("response.create", event_id="dup")
+        error = await c.wait_for("error")
+        assert error["error"]["code"] == "conversation_already_has_active_response"
+        await c.send("response.cancel")
+        await c.until_done()
+
+
+async def test_tool_call_round_trip(gateway):
+    gateway.engine.tool_call = eng.ToolCallDelta(call_id="call_1", name="get_time", arguments='{"tz": "UTC"}')
+    tool = {"type": "function", "name": "get_time", "description": "current time",
+            "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}}
+    async with await gateway.client() as c:
+        await c.update_session(tools=[tool])
+        await say(c, "what time is it")
+        await c.send("response.create")
+        events = await c.until_done()
+        added = next(e for e in events if e["type"] == "response.output_item.added")
+        assert added["item"]["type"] == "function_call" and added["item"]["name"] == "get_time"
+        args_done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
+        assert args_done["arguments"] == '{"tz": "UTC"}' and args_done["call_id"] == "call_1"
+        assert events[-1]["response"]["output"][0]["status"] == "completed"
+        await c.send("conversation.item.create",
+                     item={"type": "function_call_output", "call_id": "call_1", "output": '{"time": "12:00"}'})
+        await c.wait_for("conversation.item.done")
+        gateway.engine.tool_call = None
+        await c.send("response.create")
+        events = await c.until_done()
+    assert events[-1]["response"]["status"] == "completed"
+    context = gateway.engine.requests[-1].context
+    assert isinstance(context[-2], eng.ToolCall) and context[-2].arguments == '{"tz": "UTC"}'
+    assert isinstance(context[-1], eng.ToolResult) and context[-1].output == '{"time": "12:00"}'
+
+
+async def test_input_at_24k_is_resampled_to_16k(gateway):
+    async with await gateway.client() as c:
+        await c.update_session(audio={"input": {"format": {"type": "audio/pcm", "rate": 24000}}})
+        await c.append_audio(speech_like(1.5, rate=24000), rate=24000)
+        await c.send("input_audio_buffer.commit")
+        committed = await c.wait_for("input_audio_buffer.committed")
+        await c.wait_for("conversation.item.done")
+        await c.send("response.create")
+        await c.until_done()
+    audio = gateway.engine.requests[-1].context[0]
+    assert isinstance(audio, eng.UserAudio) and committed["item_id"]
+    assert abs(audio.audio.size - 24000) <= 160  # 1.5 s at 16 kHz
+    assert audio.audio.dtype == np.float32
+
+
+async def test_unknown_voice_and_openai_session_fields_are_accepted(gateway):
+    async with await gateway.client() as c:
+        session = await c.update_session(
+            type="realtime", output_modalities=["audio"], max_output_tokens="inf", tool_choice="auto",
+            audio={"input": {"format": {"type": "audio/pcm", "rate": 24000},
+                             "transcription": {"model": "gpt-4o-mini-transcribe"},
+                             "turn_detection": {"type": "semantic_vad"}},
+                   "output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": "marin"}},
+            tracing="auto")
+    assert session["audio"]["output"]["voice"] == "Chelsie"
+    assert session["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+
+
+async def test_server_vad_commits_and_answers(gateway):
+    async with await gateway.client() as c:
+        await c.update_session(audio={"input": {"turn_detection": {"type": "server_vad",
+                                                                   "silence_duration_ms": 300}}})
+        await c.append_audio(np.concatenate([np.zeros(8000, np.float32), speech_like(1.0),
+                                             np.zeros(12000, np.float32)]))
+        started = await c.wait_for("input_audio_buffer.speech_started")
+        stopped = await c.wait_for("input_audio_buffer.speech_stopped")
+        await c.wait_for("input_audio_buffer.committed")
+        events = await c.until_done()
+    assert 0 <= started["audio_start_ms"] <= 500
+    assert 1300 <= stopped["audio_end_ms"] <= 1700
+    assert events[-1]["response"]["status"] == "completed"
+
+
+async def test_text_only_response(gateway):
+    async with await gateway.client() as c:
+        await say(c, "hi")
+        await c.send("response.create", response={"output_modalities": ["text"]})
+        events = await c.until_done()
+    types = {e["type"] for e in events}
+    assert "response.output_text.delta" in types and "response.output_audio.delta" not in types
+    assert events[-1]["response"]["output"][0]["content"][0]["text"] == "word0 word1 word2 word3 word4 "
