@@ -1,0 +1,169 @@
+"""Token endpoint and static file server for the browser client.
+
+    python web/server.py --port 8080
+
+GET /token[?room=NAME&identity=NAME] returns {url, token, room, identity}: a LiveKit access
+token that lets one participant join one room (publish the microphone, subscribe to the
+agent, send data). The API secret never leaves this process. Without a room or identity in
+the query, fresh random names are used, so every visitor gets a room of their own, and the
+agent worker is dispatched to that new room automatically.
+
+GET / serves the built page from web/dist/ (build it with `npm ci && npm run build` in web/).
+GET /health answers 200 for load balancers.
+
+Configuration (environment):
+  LIVEKIT_URL          server URL for tokens' holders (default ws://127.0.0.1:7880)
+  LIVEKIT_PUBLIC_URL   URL handed to browsers, when they reach LiveKit by another name
+                       than this process does (default: LIVEKIT_URL)
+  LIVEKIT_API_KEY      (default devkey, the key of `livekit-server --dev`)
+  LIVEKIT_API_SECRET   (default secret)
+  AGENT_NAME           when set, the token asks LiveKit to dispatch the agent registered
+                       under this name into the room; leave unset for agent workers that
+                       register without a name (they are dispatched to every new room)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import os
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+from livekit import api
+
+logger = logging.getLogger("web.server")
+
+DEV_API_KEY = "devkey"
+DEV_API_SECRET = "secret"
+DIST_DIR = Path(__file__).resolve().parent / "dist"
+TOKEN_TTL = datetime.timedelta(hours=1)
+# LiveKit accepts more, but a narrow alphabet keeps names safe to log and put in URLs.
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class TokenConfig:
+    livekit_url: str
+    public_url: str
+    api_key: str
+    api_secret: str
+    agent_name: str | None = None
+
+    @classmethod
+    def from_env(cls) -> TokenConfig:
+        livekit_url = os.environ.get("LIVEKIT_URL", "ws://127.0.0.1:7880")
+        return cls(
+            livekit_url=livekit_url,
+            public_url=os.environ.get("LIVEKIT_PUBLIC_URL", livekit_url),
+            api_key=os.environ.get("LIVEKIT_API_KEY", DEV_API_KEY),
+            api_secret=os.environ.get("LIVEKIT_API_SECRET", DEV_API_SECRET),
+            agent_name=os.environ.get("AGENT_NAME") or None,
+        )
+
+    @property
+    def uses_dev_keys(self) -> bool:
+        return self.api_key == DEV_API_KEY and self.api_secret == DEV_API_SECRET
+
+
+class BadRequest(ValueError):
+    """A query parameter the client must fix."""
+
+
+def checked_name(value: str | None, kind: str, prefix: str) -> str:
+    """Returns `value` if it is a safe name, a fresh random one if absent."""
+    if value is None or value == "":
+        return f"{prefix}-{secrets.token_hex(4)}"
+    if not NAME_PATTERN.fullmatch(value):
+        raise BadRequest(f"{kind} must be 1-64 characters of A-Z a-z 0-9 _ . - (got {value!r})")
+    return value
+
+
+def create_token(config: TokenConfig, room: str, identity: str) -> str:
+    grants = api.VideoGrants(
+        room_join=True,
+        room=room,
+        can_publish=True,
+        can_subscribe=True,
+        can_publish_data=True,
+    )
+    token = (
+        api.AccessToken(config.api_key, config.api_secret)
+        .with_identity(identity)
+        .with_name(identity)
+        .with_grants(grants)
+        .with_ttl(TOKEN_TTL)
+    )
+    if config.agent_name:
+        token = token.with_room_config(
+            api.RoomConfiguration(agents=[api.RoomAgentDispatch(agent_name=config.agent_name)])
+        )
+    return token.to_jwt()
+
+
+async def handle_token(request: web.Request) -> web.Response:
+    config: TokenConfig = request.app["config"]
+    try:
+        room = checked_name(request.query.get("room"), "room", "omni")
+        identity = checked_name(request.query.get("identity"), "identity", "web")
+    except BadRequest as error:
+        return web.json_response({"error": str(error)}, status=400)
+    token = create_token(config, room, identity)
+    logger.info("issued a token for %s in room %s", identity, room)
+    return web.json_response(
+        {"url": config.public_url, "token": token, "room": room, "identity": identity},
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok", "page_built": (DIST_DIR / "index.html").is_file()})
+
+
+async def handle_page_file(request: web.Request) -> web.StreamResponse:
+    # dist/ is flat (index.html, app.js, style.css, app.js.map) and the route's pattern has
+    # no "/", so a request cannot reach outside it.
+    name = request.match_info.get("name") or "index.html"
+    path = DIST_DIR / name
+    if path.is_file():
+        return web.FileResponse(path)
+    if not (DIST_DIR / "index.html").is_file():
+        return web.Response(
+            status=503,
+            text="The page is not built yet: run `npm ci && npm run build` in web/, then reload.\n",
+        )
+    raise web.HTTPNotFound()
+
+
+def create_app(config: TokenConfig) -> web.Application:
+    app = web.Application()
+    app["config"] = config
+    app.router.add_get("/token", handle_token)
+    app.router.add_get("/health", handle_health)
+    app.router.add_get("/", handle_page_file)
+    app.router.add_get("/{name:[A-Za-z0-9_.-]+}", handle_page_file)
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Serve the browser client and its LiveKit tokens.")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    config = TokenConfig.from_env()
+    if config.uses_dev_keys:
+        logger.warning("using the development API key and secret (devkey/secret): not for production")
+    if not DIST_DIR.is_dir():
+        logger.warning("%s does not exist: run `npm ci && npm run build` in web/", DIST_DIR)
+    logger.info("tokens for %s; page on http://%s:%d/", config.public_url, args.host, args.port)
+    web.run_app(create_app(config), host=args.host, port=args.port, print=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+// The browser client: get a token from our server, join the LiveKit room, publish the
+// microphone, play the agent's voice, and show the live transcript.
+//
+// Everything the page knows is also kept in `window.omniAgent` (plain data), so the
+// e2e test and the devtools console can read it; <body data-state> mirrors the status.
+import { MediaDeviceFailure, Room, RoomEvent, Track } from 'livekit-client';
+import { RemoteAudioStats } from './remote-audio.js';
+import { TRACK_ID_ATTRIBUTE, TRANSCRIPTION_TOPIC, Transcript } from './transcript.js';
+
+const AGENT_STATE_ATTRIBUTE = 'lk.agent.state'; // set by livekit-agents on the agent participant
+const AGENT_JOIN_WARNING_MS = 15000;
+const STATS_INTERVAL_MS = 250;
+
+const ui = {
+  connect: document.getElementById('connect'),
+  disconnect: document.getElementById('disconnect'),
+  enableAudio: document.getElementById('enable-audio'),
+  status: document.getElementById('status'),
+  error: document.getElementById('error'),
+  warning: document.getElementById('warning'),
+  roomName: document.getElementById('room-name'),
+  agentState: document.getElementById('agent-state'),
+  agentLevel: document.getElementById('agent-level'),
+  transcript: document.getElementById('transcript'),
+};
+
+const STATUS_TEXT = {
+  idle: 'Not connected',
+  connecting: 'Connecting…',
+  connected: 'Connected: talk to the agent',
+  reconnecting: 'Connection lost, reconnecting…',
+  disconnected: 'Disconnected',
+  error: 'Not connected (see the error)',
+};
+
+const state = {
+  status: 'idle',
+  error: null,
+  warning: null,
+  room: null,
+  identity: null,
+  agentIdentity: null,
+  agentState: null,
+  remoteAudio: new RemoteAudioStats().totals,
+  transcript: [],
+};
+window.omniAgent = state;
+
+let room = null;
+let remoteAudio = null;
+let statsTimer = null;
+let agentJoinTimer = null;
+
+const transcript = new Transcript((lines) => {
+  state.transcript = lines;
+  renderTranscript();
+});
+
+ui.connect.addEventListener('click', () => connect());
+ui.disconnect.addEventListener('click', () => disconnect());
+ui.enableAudio.addEventListener('click', async () => {
+  await room?.startAudio();
+  ui.enableAudio.hidden = room ? room.canPlaybackAudio : true;
+});
+
+async function connect() {
+  showError(null);
+  showWarning(null);
+  transcript.clear();
+  setStatus('connecting');
+  try {
+    requireMicrophoneSupport();
+    const details = await fetchToken();
+    state.room = details.room;
+    state.identity = details.identity;
+    ui.roomName.textContent = details.room;
+
+    room = createRoom();
+    try {
+      await room.connect(details.url, details.token);
+    } catch (error) {
+      throw new Error(
+        `Could not connect to the LiveKit server at ${details.url}: ${error.message}. ` +
+          'Is it running and reachable from this browser?',
+      );
+    }
+    setStatus('connected');
+    // Called inside the click handler, so the browser allows audio playback.
+    await room.startAudio();
+    await enableMicrophone();
+    watchForAgent();
+    statsTimer = setInterval(pollRemoteAudio, STATS_INTERVAL_MS);
+  } catch (error) {
+    await teardown();
+    setStatus('error');
+    showError(error.message);
+  }
+}
+
+async function disconnect() {
+  await teardown();
+  setStatus('disconnected');
+}
+
+function requireMicrophoneSupport() {
+  if (!window.isSecureContext || !navigator.mediaDevices?.getUserMedia) {
+    throw new Error(
+      'This page cannot use the microphone: browsers allow it only on https:// pages or on ' +
+        'http://localhost. Open the page that way.',
+    );
+  }
+}
+
+async function fetchToken() {
+  // The page's own ?room=...&identity=... pass through to the token endpoint.
+  const url = new URL('token', window.location.href);
+  const pageParams = new URLSearchParams(window.location.search);
+  for (const name of ['room', 'identity']) {
+    if (pageParams.get(name)) url.searchParams.set(name, pageParams.get(name));
+  }
+  let response;
+  try {
+    response = await fetch(url, { cache: 'no-store' });
+  } catch (error) {
+    throw new Error(`Could not reach the token endpoint ${url.pathname}: ${error.message}`);
+  }
+  const body = await response.json().catch(() => ({}));
+  if (!response.ok) {
+    throw new Error(`The token endpoint refused: ${body.error ?? `HTTP ${response.status}`}`);
+  }
+  return body; // {url, token, room, identity}
+}
+
+function createRoom() {
+  const newRoom = new Room({
+    audioCaptureDefaults: { echoCancellation: true, noiseSuppression: true, autoGainControl: true },
+  });
+  const audioStats = new RemoteAudioStats();
+  remoteAudio = audioStats;
+
+  newRoom
+    .on(RoomEvent.TrackSubscribed, (track) => {
+      if (track.kind !== Track.Kind.Audio) return;
+      const element = track.attach();
+      element.hidden = true;
+      document.body.appendChild(element);
+      audioStats.add(track);
+    })
+    .on(RoomEvent.TrackUnsubscribed, (track) => {
+      if (track.kind !== Track.Kind.Audio) return;
+      track.detach().forEach((element) => element.remove());
+      audioStats.remove(track);
+    })
+    .on(RoomEvent.ParticipantConnected, () => updateAgent())
+    .on(RoomEvent.ParticipantDisconnected, () => updateAgent())
+    .on(RoomEvent.ParticipantAttributesChanged, () => updateAgent())
+    .on(RoomEvent.AudioPlaybackStatusChanged, () => {
+      ui.enableAudio.hidden = newRoom.canPlaybackAudio;
+    })
+    .on(RoomEvent.Reconnecting, () => setStatus('reconnecting'))
+    .on(RoomEvent.Reconnected, () => setStatus('connected'))
+    .on(RoomEvent.Disconnected, (reason) => {
+      if (room !== newRoom) return; // we left on purpose
+      teardown();
+      setStatus('error');
+      showError(`The connection to the room ended (reason: ${reason ?? 'unknown'}).`);
+    });
+
+  newRoom.registerTextStreamHandler(TRANSCRIPTION_TOPIC, (reader, sender) => {
+    transcript.read(reader, speakerOf(newRoom, sender.identity, reader.info.attributes ?? {}));
+  });
+  return newRoom;
+}
+
+// The agent publishes the user's transcript too; it names the user's microphone track in
+// an attribute, and the stream is sent on behalf of the user's identity.
+function speakerOf(currentRoom, senderIdentity, attributes) {
+  const local = currentRoom.localParticipant;
+  const trackId = attributes[TRACK_ID_ATTRIBUTE];
+  const isUser = senderIdentity === local.identity || (trackId && local.trackPublications.has(trackId));
+  return isUser ? 'user' : 'agent';
+}
+
+async function enableMicrophone() {
+  try {
+    await room.localParticipant.setMicrophoneEnabled(true);
+  } catch (error) {
+    const reasons = {
+      [MediaDeviceFailure.PermissionDenied]:
+        'Microphone access was denied. Allow it in the browser (the icon in the address bar) and press Connect again.',
+      [MediaDeviceFailure.NotFound]: 'No microphone was found. Plug one in and press Connect again.',
+      [MediaDeviceFailure.DeviceInUse]: 'The microphone is in use by another application.',
+    };
+    throw new Error(reasons[MediaDeviceFailure.getFailure(error)] ?? `Could not start the microphone: ${error.message}`);
+  }
+}
+
+function watchForAgent() {
+  updateAgent();
+  agentJoinTimer = setTimeout(() => {
+    if (!state.agentIdentity) {
+      showWarning(
+        `No agent joined within ${AGENT_JOIN_WARNING_MS / 1000} s. Check that an agent worker is ` +
+          'running and registered with this LiveKit server.',
+      );
+    }
+  }, AGENT_JOIN_WARNING_MS);
+}
+
+function updateAgent() {
+  const agent = room ? [...room.remoteParticipants.values()].find((p) => p.isAgent) : undefined;
+  state.agentIdentity = agent?.identity ?? null;
+  state.agentState = agent ? (agent.attributes[AGENT_STATE_ATTRIBUTE] ?? 'joined') : null;
+  if (agent) showWarning(null);
+  ui.agentState.textContent = agent ? `${agent.identity}: ${state.agentState}` : 'not in the room';
+}
+
+async function pollRemoteAudio() {
+  const stats = remoteAudio; // teardown may clear it while we await
+  if (!stats) return;
+  try {
+    await stats.poll();
+  } catch (error) {
+    console.warn('could not read WebRTC stats', error);
+  }
+  state.remoteAudio = stats.totals;
+  ui.agentLevel.value = state.remoteAudio.audioLevel;
+}
+
+async function teardown() {
+  clearInterval(statsTimer);
+  clearTimeout(agentJoinTimer);
+  const leaving = room;
+  room = null;
+  remoteAudio = null;
+  ui.enableAudio.hidden = true;
+  await leaving?.disconnect();
+  updateAgent();
+}
+
+function setStatus(status) {
+  state.status = status;
+  document.body.dataset.state = status;
+  ui.status.textContent = STATUS_TEXT[status];
+  const busy = status === 'connecting' || status === 'connected' || status === 'reconnecting';
+  ui.connect.disabled = busy;
+  ui.disconnect.disabled = !busy;
+}
+
+function showError(message) {
+  state.error = message;
+  ui.error.textContent = message ?? '';
+  ui.error.hidden = !message;
+}
+
+function showWarning(message) {
+  state.warning = message;
+  ui.warning.textContent = message ?? '';
+  ui.warning.hidden = !message;
+}
+
+function renderTranscript() {
+  ui.transcript.replaceChildren(
+    ...state.transcript.map((line) => {
+      const item = document.createElement('li');
+      item.className = `${line.speaker}${line.final ? '' : ' partial'}`;
+      const speaker = document.createElement('span');
+      speaker.className = 'speaker';
+      speaker.textContent = line.speaker === 'user' ? 'You' : 'Agent';
+      item.append(speaker, line.text);
+      return item;
+    }),
+  );
+}
