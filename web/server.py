@@ -70,6 +70,10 @@ class TokenConfig:
         return self.api_key == DEV_API_KEY and self.api_secret == DEV_API_SECRET
 
 
+CONFIG = web.AppKey("config", TokenConfig)
+PAGE_DIR = web.AppKey("page_dir", Path)
+
+
 class BadRequest(ValueError):
     """A query parameter the client must fix."""
 
@@ -106,7 +110,7 @@ def create_token(config: TokenConfig, room: str, identity: str) -> str:
 
 
 async def handle_token(request: web.Request) -> web.Response:
-    config: TokenConfig = request.app["config"]
+    config = request.app[CONFIG]
     try:
         room = checked_name(request.query.get("room"), "room", "omni")
         identity = checked_name(request.query.get("identity"), "identity", "web")
@@ -121,17 +125,19 @@ async def handle_token(request: web.Request) -> web.Response:
 
 
 async def handle_health(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok", "page_built": (DIST_DIR / "index.html").is_file()})
+    page_dir = request.app[PAGE_DIR]
+    return web.json_response({"status": "ok", "page_built": (page_dir / "index.html").is_file()})
 
 
 async def handle_page_file(request: web.Request) -> web.StreamResponse:
-    # dist/ is flat (index.html, app.js, style.css, app.js.map) and the route's pattern has
+    # The built page is flat (index.html, app.js, style.css, app.js.map) and the route's pattern has
     # no "/", so a request cannot reach outside it.
+    page_dir = request.app[PAGE_DIR]
     name = request.match_info.get("name") or "index.html"
-    path = DIST_DIR / name
+    path = page_dir / name
     if path.is_file():
         return web.FileResponse(path)
-    if not (DIST_DIR / "index.html").is_file():
+    if not (page_dir / "index.html").is_file():
         return web.Response(
             status=503,
             text="The page is not built yet: run `npm ci && npm run build` in web/, then reload.\n",
@@ -139,9 +145,10 @@ async def handle_page_file(request: web.Request) -> web.StreamResponse:
     raise web.HTTPNotFound()
 
 
-def create_app(config: TokenConfig) -> web.Application:
+def create_app(config: TokenConfig, page_dir: Path = DIST_DIR) -> web.Application:
     app = web.Application()
-    app["config"] = config
+    app[CONFIG] = config
+    app[PAGE_DIR] = page_dir
     app.router.add_get("/token", handle_token)
     app.router.add_get("/health", handle_health)
     app.router.add_get("/", handle_page_file)
