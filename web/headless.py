@@ -1,7 +1,6 @@
 """Drive headless Chromium over the DevTools protocol (CDP), with nothing but aiohttp.
 
-Used by the browser e2e test (tests/e2e/test_browser.py) and by scripts/web-screenshot.
-Chromium comes from Debian (`apt-get install chromium`); Playwright's own browser download
+Used by the browser e2e test (tests/e2e/test_browser.py). Chromium comes from Debian (`apt-get install chromium`); Playwright's own browser download
 cannot run on machines without internet, and a dozen CDP calls is all we need:
 
     async with HeadlessChromium(fake_microphone_wav=Path("speech.wav")) as browser:
