@@ -1,0 +1,148 @@
+"""The voice agent: a LiveKit Agents worker whose model is the self-hosted omni worker.
+
+    python agent/agent.py dev        # development: registers with LIVEKIT_URL, debug logs
+    python agent/agent.py start      # production: drains running calls on SIGTERM
+    python agent/agent.py console    # talk to it from this machine's microphone
+
+Turn taking runs here, fully offline: silero VAD, LiveKit's local audio turn detector
+(`v1-mini`), VAD interruptions with false-interruption pause and resume. The omni worker only
+generates replies (provider.RealtimeModel, over WebSocket /v1/realtime). Nothing here calls
+LiveKit Cloud. Settings come from the environment: see agent/config.py and docs/agent.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from functools import cache
+from pathlib import Path
+
+if __package__ in (None, ""):
+    # Run as a script: import our packages (agent, provider) from the repository root, and
+    # keep this directory off the path so `config.py` and friends shadow nothing.
+    _here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
+    sys.path.insert(0, str(_here.parent))
+
+from livekit.agents import Agent, AgentSession, JobContext, JobProcess, WorkerOptions, cli
+from livekit.agents.inference import TurnDetector
+from livekit.local_inference import init_eot
+from livekit.plugins import silero
+
+import provider
+from agent.barge_in import BargeInGate
+from agent.config import AgentSettings
+from agent.room_events import RoomEvents
+from agent.tools import ALL_TOOLS
+from agent.worker_load import OmniWorkerLoad
+
+log = logging.getLogger("omni-agent")
+
+# Silero's own defaults; named because the barge-in gate reckons speech length from them.
+VAD_MIN_SPEECH_S = 0.05
+VAD_MIN_SILENCE_S = 0.55
+
+
+@cache
+def settings() -> AgentSettings:
+    return AgentSettings()
+
+
+class VoiceAgent(Agent):
+    def __init__(self, config: AgentSettings) -> None:
+        super().__init__(instructions=config.instructions, tools=list(ALL_TOOLS))
+        self._greeting = config.greeting
+
+    async def on_enter(self) -> None:
+        if self._greeting:
+            self.session.generate_reply(instructions=self._greeting)
+
+    def conversation_size(self) -> int | None:
+        """Items in the model's conversation, as the omni worker acknowledged them."""
+        try:
+            return len(self.realtime_llm_session.chat_ctx.items)
+        except RuntimeError:  # between sessions or after the call
+            return None
+
+
+def prewarm(proc: JobProcess) -> None:
+    """Load models once per job process, before a call arrives."""
+    proc.userdata["vad"] = silero.VAD.load(
+        min_speech_duration=VAD_MIN_SPEECH_S, min_silence_duration=VAD_MIN_SILENCE_S
+    )
+    init_eot()  # the v1-mini turn detector's weights (~100 MB), shipped in livekit-local-inference
+
+
+def build_session(config: AgentSettings, vad) -> AgentSession:
+    model = provider.RealtimeModel(
+        url=config.omni_url,
+        api_key=config.omni_api_key.get_secret_value() if config.omni_api_key else None,
+        voice=config.voice,
+    )
+    return AgentSession(
+        vad=vad,
+        llm=model,
+        turn_handling={
+            # Named explicitly: in dev mode livekit-agents would pick the cloud `v1` model.
+            "turn_detection": TurnDetector(version="v1-mini"),
+            "endpointing": {
+                "min_delay": config.min_endpointing_delay_s,
+                "max_delay": config.max_endpointing_delay_s,
+            },
+            # `vad`, not `adaptive`: adaptive interruption detection is a LiveKit Cloud service.
+            "interruption": {
+                "mode": "vad",
+                "min_duration": config.min_interruption_s,
+                "resume_false_interruption": True,
+                "false_interruption_timeout": config.false_interruption_timeout_s,
+            },
+        },
+    )
+
+
+async def entrypoint(ctx: JobContext) -> None:
+    config = settings()
+    session = build_session(config, ctx.proc.userdata["vad"])
+    agent = VoiceAgent(config)
+
+    events = RoomEvents(session, ctx.room, conversation_size=agent.conversation_size)
+    events.attach()
+    BargeInGate(
+        session,
+        min_speech_s=config.min_barge_in_s,
+        vad_min_speech_s=VAD_MIN_SPEECH_S,
+        vad_min_silence_s=VAD_MIN_SILENCE_S,
+        on_ignored=events.sound_ignored,
+    ).attach()
+    ctx.add_shutdown_callback(events.aclose)
+
+    log.info("call in room %s: omni worker %s, voice %s", ctx.room.name, config.omni_url, config.voice)
+    # record=False: no audio, transcript or trace upload anywhere.
+    await session.start(agent=agent, room=ctx.room, record=False)
+
+
+def worker_options(config: AgentSettings) -> WorkerOptions:
+    return WorkerOptions(
+        entrypoint_fnc=entrypoint,
+        prewarm_fnc=prewarm,
+        load_fnc=OmniWorkerLoad(config.omni_health_url),
+        # Set in dev mode too (livekit-agents ignores load there by default): the GPU is shared.
+        load_threshold=config.load_threshold,
+        drain_timeout=config.drain_timeout_s,
+        agent_name=config.agent_name,
+        ws_url=config.livekit_url,
+        api_key=config.livekit_api_key,
+        api_secret=config.livekit_api_secret.get_secret_value(),
+    )
+
+
+def main() -> None:
+    try:
+        config = settings()
+    except ValueError as e:  # pydantic's ValidationError: say which setting, then stop
+        sys.exit(f"agent: bad configuration:\n{e}")
+    cli.run_app(worker_options(config))
+
+
+if __name__ == "__main__":
+    main()

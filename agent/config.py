@@ -1,0 +1,94 @@
+"""The agent's settings, read once from the environment (and a `.env`-free shell on purpose).
+
+LiveKit's own variables (`LIVEKIT_URL`, `LIVEKIT_API_KEY`, `LIVEKIT_API_SECRET`) are read by
+the livekit-agents CLI itself; they are listed here too so that a missing one fails with a
+clear message before the worker starts, not deep inside a reconnect loop.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_INSTRUCTIONS = (
+    "You are a friendly, concise voice assistant. Answer in one or two short spoken "
+    "sentences, without lists or markdown. If you do not know something, say so."
+)
+DEFAULT_GREETING = "Greet the user in one short sentence and offer your help."
+
+
+class AgentSettings(BaseSettings):
+    """Everything `agent.py` needs. Env names are given per field."""
+
+    model_config = SettingsConfigDict(populate_by_name=True, extra="ignore")
+
+    # LiveKit server the agent worker registers with.
+    livekit_url: str = Field("ws://127.0.0.1:7880", validation_alias="LIVEKIT_URL")
+    livekit_api_key: str = Field("devkey", validation_alias="LIVEKIT_API_KEY")
+    livekit_api_secret: SecretStr = Field(SecretStr("secret"), validation_alias="LIVEKIT_API_SECRET")
+
+    # The colocated omni worker.
+    omni_url: str = Field("ws://127.0.0.1:8000/v1/realtime", validation_alias="OMNI_URL")
+    omni_api_key: SecretStr | None = Field(None, validation_alias="OMNI_API_KEY")
+
+    # What the agent says and how.
+    instructions: str = Field(DEFAULT_INSTRUCTIONS, validation_alias="AGENT_INSTRUCTIONS")
+    voice: str = Field("Chelsie", validation_alias="AGENT_VOICE")
+    greeting: str = Field(
+        DEFAULT_GREETING,
+        validation_alias="AGENT_GREETING",
+        description="instructions for the first reply when a user joins; empty: wait for the user",
+    )
+
+    # Turn taking. Seconds.
+    min_interruption_s: float = Field(
+        0.15, gt=0, validation_alias="AGENT_MIN_INTERRUPTION_S",
+        description="user speech over the agent that pauses the agent's audio",
+    )
+    min_barge_in_s: float = Field(
+        0.4, ge=0, validation_alias="AGENT_MIN_BARGE_IN_S",
+        description="user speech over the agent that counts as a turn; shorter is noise",
+    )
+    false_interruption_timeout_s: float = Field(
+        1.0, gt=0, validation_alias="AGENT_FALSE_INTERRUPTION_TIMEOUT_S",
+        description="silence after a pause before the agent resumes its reply",
+    )
+    min_endpointing_delay_s: float = Field(0.3, ge=0, validation_alias="AGENT_MIN_ENDPOINTING_DELAY_S")
+    max_endpointing_delay_s: float = Field(2.5, gt=0, validation_alias="AGENT_MAX_ENDPOINTING_DELAY_S")
+
+    # Worker-level behaviour.
+    load_threshold: float = Field(
+        0.999, gt=0, le=1, validation_alias="AGENT_LOAD_THRESHOLD",
+        description="refuse new jobs at this share of the omni worker's sessions (1.0 = all taken)",
+    )
+    drain_timeout_s: int = Field(
+        1800, ge=0, validation_alias="AGENT_DRAIN_TIMEOUT_S",
+        description="on SIGTERM (start mode), how long running calls may go on",
+    )
+    agent_name: str = Field(
+        "", validation_alias=AliasChoices("AGENT_NAME", "LIVEKIT_AGENT_NAME"),
+        description="empty: dispatched to every new room; set: explicit dispatch only",
+    )
+
+    @field_validator("omni_url")
+    @classmethod
+    def _websocket_url(cls, value: str) -> str:
+        if urlsplit(value).scheme not in ("ws", "wss"):
+            raise ValueError(f"OMNI_URL must be a ws:// or wss:// URL, got {value!r}")
+        return value
+
+    @field_validator("livekit_url")
+    @classmethod
+    def _livekit_url(cls, value: str) -> str:
+        if urlsplit(value).scheme not in ("ws", "wss", "http", "https"):
+            raise ValueError(f"LIVEKIT_URL must be a ws(s):// or http(s):// URL, got {value!r}")
+        return value
+
+    @property
+    def omni_health_url(self) -> str:
+        """`ws://host:port/v1/realtime` → `http://host:port/health`."""
+        parts = urlsplit(self.omni_url)
+        scheme = "https" if parts.scheme == "wss" else "http"
+        return urlunsplit((scheme, parts.netloc, "/health", "", ""))

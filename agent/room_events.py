@@ -1,0 +1,146 @@
+"""What the agent tells the operator (one latency line per turn in the log) and the room (the
+same facts as small JSON messages, so a client, a test or a benchmark can see what the agent
+decided and when, without scraping logs).
+
+Room messages go out as reliable data packets on the topic `omni.agent.events`; each is a JSON
+object with `type` and `at` (the agent's wall clock, seconds since the epoch):
+
+- `agent_state` {state, old_state}: listening / thinking / speaking. speaking → listening while
+  the user talks is the moment the agent decided to stop talking (pause or barge-in).
+- `user_state` {state, old_state}: the agent's VAD view of the user.
+- `turn` {turn, voice_to_voice_s, model_first_audio_s, interrupted, conversation_items}: once
+  per agent reply, when it has been played out (or cut).
+- `false_interruption` {resumed}: the agent paused for a sound and went on with its reply.
+- `sound_ignored` {speech_s}: a short sound over the reply was not taken as a turn.
+- `response_cancelled` {response_id}: the model's response was cancelled on the worker.
+
+User and agent *transcripts* are published by livekit-agents itself (text streams on the
+`lk.transcription` topic); nothing here duplicates them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from livekit import rtc
+from livekit.agents import (
+    AgentFalseInterruptionEvent,
+    AgentSession,
+    AgentStateChangedEvent,
+    ConversationItemAddedEvent,
+    MetricsCollectedEvent,
+    UserStateChangedEvent,
+    llm,
+)
+from livekit.agents.metrics import RealtimeModelMetrics
+
+from .barge_in import IgnoredSound
+
+TOPIC = "omni.agent.events"
+
+log = logging.getLogger("omni-agent.turns")
+
+
+class RoomEvents:
+    def __init__(
+        self,
+        session: AgentSession,
+        room: rtc.Room,
+        *,
+        conversation_size: Callable[[], int | None] = lambda: None,
+    ) -> None:
+        self._session = session
+        self._room = room
+        self._conversation_size = conversation_size
+        self._turns = 0
+        self._model_first_audio: dict[str, float] = {}  # response id → seconds
+        self._sending: set[asyncio.Task[None]] = set()
+
+    def attach(self) -> None:
+        s = self._session
+        s.on("agent_state_changed", self._on_agent_state)
+        s.on("user_state_changed", self._on_user_state)
+        s.on("metrics_collected", self._on_metrics)
+        s.on("conversation_item_added", self._on_item_added)
+        s.on("agent_false_interruption", self._on_false_interruption)
+
+    def sound_ignored(self, sound: IgnoredSound) -> None:
+        self.publish("sound_ignored", speech_s=round(sound.speech_s, 3))
+
+    async def aclose(self) -> None:
+        if self._sending:
+            await asyncio.wait(self._sending, timeout=2.0)
+
+    # -- session events
+
+    def _on_agent_state(self, ev: AgentStateChangedEvent) -> None:
+        self.publish("agent_state", state=ev.new_state, old_state=ev.old_state, at=ev.created_at)
+
+    def _on_user_state(self, ev: UserStateChangedEvent) -> None:
+        self.publish("user_state", state=ev.new_state, old_state=ev.old_state, at=ev.created_at)
+
+    def _on_metrics(self, ev: MetricsCollectedEvent) -> None:
+        m = ev.metrics
+        if not isinstance(m, RealtimeModelMetrics):
+            return
+        if m.cancelled:
+            self.publish("response_cancelled", response_id=m.request_id)
+        if m.ttft >= 0:
+            self._model_first_audio[m.request_id] = m.ttft
+
+    def _on_item_added(self, ev: ConversationItemAddedEvent) -> None:
+        item = ev.item
+        if not isinstance(item, llm.ChatMessage) or item.role != "assistant":
+            return
+        self._turns += 1
+        metrics = item.metrics or {}
+        voice_to_voice = metrics.get("e2e_latency")
+        model_first_audio = None
+        for response_id in metrics.get("provider_request_ids", []):
+            model_first_audio = self._model_first_audio.pop(response_id, model_first_audio)
+        items = self._conversation_size()
+
+        log.info(
+            "turn %d: voice-to-voice %s (end of user speech → first agent audio out), "
+            "model first audio %s, interrupted=%s, conversation items=%s",
+            self._turns, _ms(voice_to_voice), _ms(model_first_audio), item.interrupted, items,
+        )
+        self.publish(
+            "turn",
+            turn=self._turns,
+            voice_to_voice_s=voice_to_voice,
+            model_first_audio_s=model_first_audio,
+            interrupted=item.interrupted,
+            conversation_items=items,
+        )
+
+    def _on_false_interruption(self, ev: AgentFalseInterruptionEvent) -> None:
+        log.info("false interruption: %s", "resumed the reply" if ev.resumed else "not resumed")
+        self.publish("false_interruption", resumed=ev.resumed, at=ev.created_at)
+
+    # -- sending
+
+    def publish(self, event_type: str, *, at: float | None = None, **fields: Any) -> None:
+        """Fire and forget: never block the session's event handlers on the network."""
+        if not self._room.isconnected():
+            return
+        body = {"type": event_type, "at": at if at is not None else time.time(), **fields}
+        payload = json.dumps(body).encode()
+        task = asyncio.create_task(self._send(payload))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send(self, payload: bytes) -> None:
+        try:
+            await self._room.local_participant.publish_data(payload, reliable=True, topic=TOPIC)
+        except Exception as e:  # a closing room must not take the session down
+            log.debug("could not publish an agent event: %s", e)
+
+
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1000:.0f} ms"

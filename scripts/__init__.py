@@ -1,0 +1,1 @@
+"""Developer scripts: the LiveKit server build, the one-command local stack (`scripts/dev`)."""

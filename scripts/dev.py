@@ -1,0 +1,124 @@
+"""The whole local stack in one command (run it as `./scripts/dev`).
+
+1. LiveKit server (built from source into .tools/bin on first use), dev keys, loopback only.
+2. Omni worker on `tiny-random` unless OMNI_MODEL names a model (and OMNI_ENGINE an engine).
+3. The agent (`agent/agent.py dev`), registered with that LiveKit server.
+4. The web page and its token endpoint (`scripts/web-serve`, which builds it with npm).
+
+Each part's output is shown with its name in front. When everything is up it prints the URL
+to open. Ctrl-C stops every part, the last started first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from scripts.stack import (
+    REPO,
+    Stack,
+    StackError,
+    find_livekit_server,
+    livekit_server,
+    omni_worker,
+    voice_agent,
+    web_page,
+)
+
+
+
+def say(message: str) -> None:
+    print(f"[dev] {message}", flush=True)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="scripts/dev", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=os.environ.get("OMNI_MODEL", "tiny-random"),
+                   help="omni model: tiny-random, a local path or a Hugging Face id (env OMNI_MODEL)")
+    p.add_argument("--engine", default=os.environ.get("OMNI_ENGINE", "reference"),
+                   choices=["reference", "vllm-omni"], help="omni engine (env OMNI_ENGINE)")
+    p.add_argument("--livekit-port", type=int, default=7880, help="LiveKit signalling port; RTC uses +1 (TCP) and +2 (UDP)")
+    p.add_argument("--worker-port", type=int, default=8000)
+    p.add_argument("--web-port", type=int, default=8080)
+    p.add_argument("--no-web", action="store_true", help="do not build or serve the web page")
+    return p.parse_args()
+
+
+def ensure_livekit_server() -> None:
+    if find_livekit_server() is not None:
+        return
+    say("no LiveKit server binary yet: building it from source (needs Go; a few minutes, once)")
+    subprocess.run([str(REPO / "scripts" / "install-livekit-server.sh")], check=True)
+
+
+def can_serve_web() -> bool:
+    if shutil.which("npm") is not None:
+        return True
+    say("npm is not installed: no web page (install Node.js 20+ for it); the rest starts anyway")
+    return False
+
+
+def wait_until_a_part_exits(stack: Stack) -> str:
+    while True:
+        for name, process in stack.processes.items():
+            if not process.running():
+                return name
+        time.sleep(0.5)
+
+
+def main() -> int:
+    args = parse_args()
+    # Ctrl-C raises KeyboardInterrupt; make SIGTERM (docker stop, systemd) do the same.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+    ensure_livekit_server()
+    serve_web = not args.no_web and can_serve_web()
+
+    livekit_url = f"ws://127.0.0.1:{args.livekit_port}"
+    omni_url = f"ws://127.0.0.1:{args.worker_port}/v1/realtime"
+    omni_api_key = os.environ.get("OMNI_API_KEY") or None
+
+    stack = Stack(say=say)
+    try:
+        stack.start(livekit_server(args.livekit_port, args.livekit_port + 1, args.livekit_port + 2))
+        say(f"loading the omni worker ({args.engine}, {args.model}); a real model takes minutes")
+        stack.start(omni_worker(args.worker_port, model=args.model, engine=args.engine, api_key=omni_api_key))
+        stack.start(voice_agent(livekit_url=livekit_url, omni_url=omni_url, omni_api_key=omni_api_key))
+        if serve_web:
+            stack.start(web_page(args.web_port, livekit_url=livekit_url))
+
+        print(flush=True)
+        if serve_web:
+            say(f"ready: open http://127.0.0.1:{args.web_port}/ and allow the microphone")
+        else:
+            say(f"ready: LiveKit at {livekit_url} (keys devkey / secret); join any room and the agent comes")
+        if args.model == "tiny-random":
+            say("the model is tiny-random: replies are random sounds (set OMNI_MODEL for a real model)")
+        say("Ctrl-C stops everything")
+        print(flush=True)
+
+        exited = wait_until_a_part_exits(stack)
+        say(f"{exited} exited unexpectedly; stopping the rest")
+        return 1
+    except StackError as e:
+        say(f"error: {e}")
+        return 1
+    except KeyboardInterrupt:
+        print(flush=True)
+        say("stopping ...")
+        return 0
+    finally:
+        # A second Ctrl-C must not leave children running half-stopped.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        stack.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""The local stack's processes: how to start each one, how to tell it is ready, how to stop it.
+
+Used by `scripts/dev` (the one-command local stack), the end-to-end tests and the
+voice-to-voice benchmark, so all three run the parts exactly the same way.
+
+Each part runs in its own process group; its output lines are printed with the part's name in
+front (and kept in a log file when asked). `Stack.stop()` stops the parts in reverse order:
+SIGINT first (what Ctrl-C would send), then SIGTERM, then SIGKILL for a part that hangs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+REPO = Path(__file__).resolve().parents[1]
+LIVEKIT_SERVER_BIN = REPO / ".tools" / "bin" / "livekit-server"
+DEV_API_KEY, DEV_API_SECRET = "devkey", "secret"  # what `livekit-server --dev` accepts
+
+
+class StackError(RuntimeError):
+    pass
+
+
+@dataclass
+class Service:
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    ready_url: str | None = None  # ready when a GET answers 200
+    ready_log: str | None = None  # ready when an output line matches this regex
+    ready_timeout_s: float = 120.0
+    stop_timeout_s: float = 15.0
+
+
+class Process:
+    """One running service: its output pump, readiness and shutdown."""
+
+    def __init__(self, service: Service, *, echo: TextIO | None, log_dir: Path | None, width: int) -> None:
+        self.service = service
+        self._echo = echo
+        self._prefix = f"{service.name:>{width}} | "
+        self._ready_pattern = re.compile(service.ready_log) if service.ready_log else None
+        self._log_ready = threading.Event()
+        self._tail: deque[str] = deque(maxlen=60)
+        self._lines: list[str] = []
+        self._lines_lock = threading.Lock()
+        self.log_path = log_dir / f"{service.name}.log" if log_dir else None
+        self._log_file = open(self.log_path, "w") if self.log_path else None  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            service.argv,
+            cwd=REPO,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **service.env},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,  # its own process group: Ctrl-C reaches it only through us
+        )
+        self._pump = threading.Thread(target=self._read_output, name=f"{service.name}-output", daemon=True)
+        self._pump.start()
+
+    def _read_output(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.rstrip("\n")
+            self._tail.append(line)
+            with self._lines_lock:
+                self._lines.append(line)
+            if self._log_file:
+                self._log_file.write(line + "\n")
+                self._log_file.flush()
+            if self._echo:
+                self._echo.write(self._prefix + line + "\n")
+                self._echo.flush()
+            if self._ready_pattern and self._ready_pattern.search(line):
+                self._log_ready.set()
+
+    def lines(self) -> list[str]:
+        with self._lines_lock:
+            return list(self._lines)
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_ready(self) -> None:
+        s = self.service
+        deadline = time.monotonic() + s.ready_timeout_s
+        while time.monotonic() < deadline:
+            if not self.running():
+                raise StackError(f"{s.name} exited with code {self.proc.returncode} before it was ready:\n"
+                                 + "\n".join(self._tail))
+            if self._is_ready():
+                return
+            time.sleep(0.25)
+        raise StackError(f"{s.name} not ready after {s.ready_timeout_s:.0f} s:\n" + "\n".join(self._tail))
+
+    def _is_ready(self) -> bool:
+        s = self.service
+        if s.ready_url:
+            try:
+                with urllib.request.urlopen(s.ready_url, timeout=1.0) as r:
+                    url_ok = r.status == 200
+            except (urllib.error.URLError, OSError):
+                url_ok = False
+            if not url_ok:
+                return False
+        return self._log_ready.is_set() if self._ready_pattern else True
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)  # the group we created for it, children included
+        except ProcessLookupError:
+            pass
+
+    def stop(self) -> int | None:
+        for sig, wait_s in ((signal.SIGINT, self.service.stop_timeout_s), (signal.SIGTERM, 5.0),
+                            (signal.SIGKILL, 5.0)):
+            if not self.running():
+                break
+            self.signal(sig)
+            try:
+                self.proc.wait(wait_s)
+            except subprocess.TimeoutExpired:
+                continue
+        # A job process the service left behind in its group goes with it.
+        self.signal(signal.SIGKILL)
+        self._pump.join(timeout=2.0)
+        if self._log_file:
+            self._log_file.close()
+        return self.proc.returncode
+
+
+class Stack:
+    """Start services in order, each once the previous one is ready; stop them in reverse."""
+
+    def __init__(self, *, echo: TextIO | None = sys.stdout, log_dir: Path | None = None,
+                 say: Callable[[str], None] | None = None) -> None:
+        self._echo = echo
+        self._log_dir = log_dir
+        self._say = say or (lambda msg: None)
+        self.processes: dict[str, Process] = {}
+
+    def start(self, service: Service, *, width: int = 8) -> Process:
+        self._say(f"starting {service.name} ...")
+        started = time.monotonic()
+        process = Process(service, echo=self._echo, log_dir=self._log_dir, width=width)
+        self.processes[service.name] = process
+        process.wait_ready()
+        self._say(f"{service.name} ready ({time.monotonic() - started:.1f} s)")
+        return process
+
+    def stop(self) -> None:
+        for name, process in reversed(list(self.processes.items())):
+            if process.running():
+                self._say(f"stopping {name} ...")
+            code = process.stop()
+            self._say(f"{name} stopped (exit code {code})")
+        self.processes.clear()
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# --------------------------------------------------------------------------- the parts
+
+
+def find_livekit_server() -> Path | None:
+    """$LIVEKIT_SERVER_BIN, else .tools/bin/livekit-server (scripts/install-livekit-server.sh),
+    else `livekit-server` on PATH."""
+    if configured := os.environ.get("LIVEKIT_SERVER_BIN"):
+        return Path(configured) if Path(configured).is_file() else None
+    if LIVEKIT_SERVER_BIN.is_file():
+        return LIVEKIT_SERVER_BIN
+    on_path = shutil.which("livekit-server")
+    return Path(on_path) if on_path else None
+
+
+def livekit_server(port: int, rtc_tcp_port: int, rtc_udp_port: int) -> Service:
+    binary = find_livekit_server()
+    if binary is None:
+        raise StackError("no LiveKit server binary: run scripts/install-livekit-server.sh")
+    return Service(
+        name="livekit",
+        argv=[str(REPO / "scripts" / "livekit-server.sh"), "--port", str(port),
+              "--rtc-tcp-port", str(rtc_tcp_port), "--rtc-udp-port", str(rtc_udp_port)],
+        env={"LIVEKIT_SERVER_BIN": str(binary)},
+        ready_url=f"http://127.0.0.1:{port}/",
+        ready_timeout_s=30.0,
+    )
+
+
+def omni_worker(port: int, *, model: str = "tiny-random", engine: str = "reference",
+                api_key: str | None = None, extra_args: tuple[str, ...] = ()) -> Service:
+    argv = [sys.executable, "-m", "inference", "serve", "--engine", engine, "--model", model,
+            "--host", "127.0.0.1", "--port", str(port), *extra_args]
+    env = {}
+    if api_key:
+        env["OMNI_API_KEY"] = api_key
+    else:
+        argv.append("--insecure-no-auth")  # loopback only, for local use and tests
+    return Service(name="worker", argv=argv, env=env, ready_url=f"http://127.0.0.1:{port}/health",
+                   ready_timeout_s=600.0)
+
+
+def voice_agent(*, livekit_url: str, omni_url: str, omni_api_key: str | None = None, mode: str = "dev",
+                env: dict[str, str] | None = None) -> Service:
+    agent_env = {"LIVEKIT_URL": livekit_url, "LIVEKIT_API_KEY": DEV_API_KEY,
+                 "LIVEKIT_API_SECRET": DEV_API_SECRET, "OMNI_URL": omni_url, **(env or {})}
+    if omni_api_key:
+        agent_env["OMNI_API_KEY"] = omni_api_key
+    return Service(
+        name="agent",
+        argv=[sys.executable, str(REPO / "agent" / "agent.py"), mode],
+        env=agent_env,
+        ready_log=r"registered worker",
+        ready_timeout_s=120.0,
+        stop_timeout_s=20.0,
+    )
+
+
+def web_page(port: int, *, livekit_url: str) -> Service:
+    """`scripts/web-serve` builds the page with npm when its sources changed, then serves it."""
+    return Service(
+        name="web",
+        argv=[str(REPO / "scripts" / "web-serve"), "--host", "127.0.0.1", "--port", str(port)],
+        env={"LIVEKIT_URL": livekit_url, "LIVEKIT_API_KEY": DEV_API_KEY, "LIVEKIT_API_SECRET": DEV_API_SECRET,
+             "PYTHON": sys.executable},
+        ready_url=f"http://127.0.0.1:{port}/health",
+        ready_timeout_s=300.0,  # a first `npm ci` downloads packages
+    )

@@ -1,0 +1,70 @@
+"""The local stack for end-to-end tests: a real LiveKit server, the omni worker on `tiny-random`,
+and `python agent/agent.py dev`, started once per test session (scripts/stack.py does the work,
+exactly as `scripts/dev` does).
+
+Ports: LiveKit 17880 (signalling), 17881 (RTC over TCP), 17882 (RTC over UDP); worker 18310.
+Logs of every part land in the pytest temp dir; a failing test prints where.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from scripts.stack import Process, Stack, find_livekit_server, livekit_server, omni_worker, voice_agent
+
+LIVEKIT_PORT = 17880
+WORKER_PORT = 18310
+
+
+@dataclass
+class LocalStack:
+    livekit_url: str
+    worker_http: str
+    log_dir: Path
+    processes: dict[str, Process]
+
+    def worker_metric(self, name: str, **labels: str) -> float:
+        """A counter or gauge from the worker's /metrics (0 when the series does not exist yet)."""
+        with urllib.request.urlopen(f"{self.worker_http}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        pattern = re.compile(rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? ([0-9.eE+-]+)$", re.M)
+        total = 0.0
+        for m in pattern.finditer(text):
+            series = ",".join(sorted((m.group(1) or "").split(","))) if m.group(1) else ""
+            if not want or series == want:
+                total += float(m.group(2))
+        return total
+
+    def agent_log(self) -> list[str]:
+        return self.processes["agent"].lines()
+
+
+def require_livekit_server() -> None:
+    if find_livekit_server() is None:
+        pytest.skip("no LiveKit server binary: run scripts/install-livekit-server.sh "
+                    "(builds it from the Go module proxy into .tools/bin)")
+
+
+@pytest.fixture(scope="session")
+def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    require_livekit_server()
+    log_dir = tmp_path_factory.mktemp("e2e-stack")
+    livekit_url = f"ws://127.0.0.1:{LIVEKIT_PORT}"
+    stack = Stack(echo=None, log_dir=log_dir, say=lambda msg: print(f"[e2e stack] {msg}"))
+    try:
+        stack.start(livekit_server(LIVEKIT_PORT, LIVEKIT_PORT + 1, LIVEKIT_PORT + 2))
+        stack.start(omni_worker(WORKER_PORT))
+        stack.start(voice_agent(livekit_url=livekit_url,
+                                omni_url=f"ws://127.0.0.1:{WORKER_PORT}/v1/realtime"))
+        yield LocalStack(livekit_url=livekit_url, worker_http=f"http://127.0.0.1:{WORKER_PORT}",
+                         log_dir=log_dir, processes=stack.processes)
+    finally:
+        stack.stop()
+        print(f"[e2e stack] logs in {log_dir}")
