@@ -1,0 +1,25 @@
+"""LiveKit Agents plugin for our self-hosted omni worker (`inference/`).
+
+    from provider import RealtimeModel
+    session = AgentSession(llm=RealtimeModel(url="ws://127.0.0.1:8000/v1/realtime"), vad=...)
+
+See docs/provider.md.
+"""
+
+from livekit.agents import Plugin
+
+from .log import logger
+from .model import RealtimeModel
+from .session import RealtimeSession
+from .version import __version__
+
+__all__ = ["RealtimeModel", "RealtimeSession", "__version__"]
+
+
+class OmniPlugin(Plugin):
+    def __init__(self) -> None:
+        super().__init__(__name__, __version__, __package__, logger)
+
+
+# like every LiveKit plugin: registered on import, which must happen on the main thread
+Plugin.register_plugin(OmniPlugin())

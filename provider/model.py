@@ -1,0 +1,119 @@
+"""The RealtimeModel: options and capabilities; `session()` opens one conversation."""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Literal
+from urllib.parse import urlparse
+
+import aiohttp
+
+from livekit.agents import llm, utils
+from livekit.agents.types import NOT_GIVEN, APIConnectOptions, NotGivenOr
+from livekit.agents.utils import is_given
+
+from .options import DEFAULT_CONN_OPTIONS, ModelOptions, resolve_api_key, resolve_url
+
+if TYPE_CHECKING:
+    from .session import RealtimeSession
+
+DEFAULT_VOICE = "Chelsie"
+
+
+class RealtimeModel(llm.RealtimeModel):
+    """A speech-to-speech model served by our omni worker (`inference/`), for `AgentSession(llm=...)`.
+
+    Args:
+        url: the worker's realtime endpoint, `ws://HOST:PORT/v1/realtime` (a base such as
+            `http://HOST:PORT` works too). Default: `$OMNI_URL`, else `ws://127.0.0.1:8000/v1/realtime`.
+        api_key: the worker's key (`Authorization: Bearer`). Default: `$OMNI_API_KEY`; none if unset.
+        voice: the speaker (Qwen2.5-Omni: `Chelsie` or `Ethan`); unknown names fall back on the
+            worker's default with a warning in the worker's log.
+        max_output_tokens: per response; `"inf"` means the worker's own limit.
+        tool_choice: `"auto"` (default), `"none"`, `"required"` or a named function.
+        conn_options: reconnection policy: `max_retry` attempts, the first `retry_interval`
+            seconds after the loss and doubling up to 10 s; `timeout` per connection attempt.
+        reply_timeout: seconds `generate_reply` waits for the worker to start a response.
+        update_timeout: seconds an update of instructions, tools or chat context waits for the
+            worker to confirm it.
+        http_session: an aiohttp session to reuse; by default the job's, or one of our own.
+    """
+
+    def __init__(
+        self,
+        *,
+        url: str | None = None,
+        api_key: str | None = None,
+        voice: str = DEFAULT_VOICE,
+        max_output_tokens: int | Literal["inf"] = "inf",
+        tool_choice: NotGivenOr[llm.ToolChoice | None] = NOT_GIVEN,
+        conn_options: APIConnectOptions = DEFAULT_CONN_OPTIONS,
+        reply_timeout: float = 10.0,
+        update_timeout: float = 5.0,
+        http_session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        super().__init__(
+            capabilities=llm.RealtimeCapabilities(
+                message_truncation=True,
+                turn_detection=False,  # the agent (VAD + turn detector) decides turns
+                user_transcription=False,  # the worker sends no input transcripts (yet)
+                auto_tool_reply_generation=False,
+                audio_output=True,
+                manual_function_calls=True,
+                mutable_chat_context=True,
+                mutable_instructions=True,
+                mutable_tools=True,
+                per_response_tool_choice=True,  # response.create carries tools and tool_choice
+            )
+        )
+        if isinstance(max_output_tokens, int) and max_output_tokens < 1:
+            raise ValueError("max_output_tokens must be a positive number or 'inf'")
+        self._opts = ModelOptions(
+            url=resolve_url(url),
+            api_key=resolve_api_key(api_key),
+            voice=voice,
+            max_output_tokens=max_output_tokens,
+            tool_choice=tool_choice if is_given(tool_choice) else None,
+            conn_options=conn_options,
+            reply_timeout_s=reply_timeout,
+            update_timeout_s=update_timeout,
+        )
+        self._http_session = http_session
+        self._owns_http_session = False
+        self._sessions = weakref.WeakSet["RealtimeSession"]()
+
+    @property
+    def model(self) -> str:
+        return "omni"
+
+    @property
+    def provider(self) -> str:
+        return urlparse(self._opts.url).netloc
+
+    @property
+    def url(self) -> str:
+        return self._opts.url
+
+    def session(self, *, turn_detection_disabled: bool = False) -> RealtimeSession:
+        # the worker never detects turns for us, so there is nothing to disable
+        from .session import RealtimeSession
+
+        session = RealtimeSession(self)
+        self._sessions.add(session)
+        return session
+
+    def _ensure_http_session(self) -> aiohttp.ClientSession:
+        if self._http_session is None:
+            try:
+                self._http_session = utils.http_context.http_session()
+            except RuntimeError:  # outside a LiveKit job
+                self._http_session = aiohttp.ClientSession()
+                self._owns_http_session = True
+        return self._http_session
+
+    async def aclose(self) -> None:
+        for session in list(self._sessions):
+            await session.aclose()
+        if self._owns_http_session and self._http_session is not None:
+            await self._http_session.close()
+            self._http_session = None

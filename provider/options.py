@@ -1,0 +1,68 @@
+"""Options of the plugin and where their defaults come from (arguments, then env vars)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+from urllib.parse import urlparse, urlunparse
+
+from livekit.agents import llm
+from livekit.agents.types import APIConnectOptions
+
+DEFAULT_URL = "ws://127.0.0.1:8000/v1/realtime"
+URL_ENV = "OMNI_URL"
+API_KEY_ENV = "OMNI_API_KEY"
+
+# A restarting worker needs a while to load and warm up (its /health says 503 meanwhile), so the
+# default retry budget is about a minute: 0.5 s, doubling, at most 10 s apart, ten times.
+DEFAULT_CONN_OPTIONS = APIConnectOptions(max_retry=10, retry_interval=0.5, timeout=10.0)
+MAX_RETRY_INTERVAL_S = 10.0
+
+
+@dataclass
+class ModelOptions:
+    url: str
+    api_key: str | None
+    voice: str
+    max_output_tokens: int | Literal["inf"]
+    tool_choice: llm.ToolChoice | None
+    conn_options: APIConnectOptions
+    reply_timeout_s: float
+    """How long generate_reply waits for the worker's response.created."""
+    update_timeout_s: float
+    """How long an update of instructions, tools or chat context waits for the worker's answer."""
+    modalities: list[Literal["text", "audio"]] = field(default_factory=lambda: ["audio"])
+
+
+def resolve_url(url: str | None) -> str:
+    """The worker's realtime WebSocket URL from an argument, $OMNI_URL or the default.
+
+    Accepts `ws(s)://host:port/v1/realtime`, or a base URL (`http://host:port`,
+    `ws://host:port/v1`) to which `/v1/realtime` is added.
+    """
+    raw = url or os.environ.get(URL_ENV) or DEFAULT_URL
+    parsed = urlparse(raw)
+    scheme = {"http": "ws", "https": "wss"}.get(parsed.scheme, parsed.scheme)
+    if scheme not in ("ws", "wss") or not parsed.hostname:
+        raise ValueError(
+            f"invalid omni worker URL {raw!r}: expected ws://HOST:PORT/v1/realtime "
+            f"(or http://HOST:PORT); set it with url= or ${URL_ENV}"
+        )
+    try:
+        parsed.port  # noqa: B018 - raises ValueError on a port that is not a number
+    except ValueError:
+        raise ValueError(f"invalid omni worker URL {raw!r}: the port is not a number") from None
+    path = parsed.path.rstrip("/")
+    if path in ("", "/v1"):
+        path = "/v1/realtime"
+    return urlunparse((scheme, parsed.netloc, path, "", parsed.query, ""))
+
+
+def resolve_api_key(api_key: str | None) -> str | None:
+    return api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
+
+
+def retry_delay(conn_options: APIConnectOptions, attempt: int) -> float:
+    """Seconds to wait before reconnection attempt number `attempt` (0-based): doubling."""
+    return min(conn_options.retry_interval * (2**attempt), MAX_RETRY_INTERVAL_S)
