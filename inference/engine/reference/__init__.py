@@ -1,0 +1,11 @@
+"""The `reference` engine: Qwen2.5-Omni with transformers' classes, truly streamed.
+
+Layout: `loading` (checkpoints; `tiny` builds the tiny-random one), `prompt` + `chat_template`
+(request → thinker inputs), `thinker` / `talker` / `token2wav_stream` (the three models, one
+step at a time), `sampling`, `detokenize`, `tool_calls`, `constrained` (grammar-forced tool
+calls), `generation` (the per-reply decode loop) and `engine` (threads, queue, limits).
+"""
+
+from .engine import ReferenceEngine
+
+__all__ = ["ReferenceEngine"]

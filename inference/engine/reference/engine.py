@@ -1,0 +1,227 @@
+"""ReferenceEngine: the async face of the torch generation loop.
+
+Each generation runs in its own worker thread (torch releases the GIL while it computes);
+deltas come back through an asyncio queue. A semaphore bounds how many run at once, and
+the time spent waiting for it is reported as `queue_wait_s`. Closing the async iterator
+sets the generation's cancel flag, which the loop checks before every model call, so the
+thread stops within one decode step and drops its KV caches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import AsyncIterator
+
+import numpy as np
+import torch
+
+from ..base import (
+    Delta, EngineError, Finished, GenerationRequest, OmniEngine, UserAudio, UserText,
+)
+from .generation import Generation, GenerationSettings
+from .loading import LoadedModel, load_model, resolve_device, resolve_dtype
+from .token2wav_stream import Cancelled, ChunkPlan
+
+logger = logging.getLogger(__name__)
+
+_DONE = object()
+
+
+class ReferenceEngine(OmniEngine):
+    """Qwen2.5-Omni in torch with transformers' classes, streamed step by step.
+
+    Options (keyword arguments, all optional):
+      device: "auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", …
+      dtype: "auto" (bfloat16 on cuda, float32 on cpu), "bfloat16", "float16", "float32";
+        token2wav always runs in float32, as in transformers.
+      max_concurrency: generations running at once (default 1 on cpu, 4 on cuda); more wait.
+      max_new_tokens: cap on the thinker's reply (default 512); a request's
+        `max_output_tokens` can only lower it.
+      max_audio_seconds: cap on speech per reply (default 60); the talker stops there even
+        if it never produces its end code.
+      max_tool_argument_tokens: length budget of a forced tool call's arguments (default 256).
+      ode_steps: token2wav DiT ODE steps per chunk (default 10, as in transformers; fewer is
+        faster and rougher).
+      first_chunk_blocks, chunk_blocks: audio chunk sizes in DiT blocks of 24 mel frames
+        (0.24 s); the first chunk is small so audio starts early (defaults 1 and 2).
+      lookahead_blocks, lookback_blocks: DiT context around each chunk (defaults 1 and 2).
+      seed: fixes all sampling and token2wav noise (default None: random per reply).
+      torch_threads: torch's intra-op threads for the process (default: 1 for tiny-random on
+        cpu, whose ops are too small to gain from threads that spin on a busy machine;
+        otherwise torch's own default).
+      warmup: run one short generation in `start()` (default True).
+    """
+
+    name = "reference"
+
+    def __init__(self, model: str, *, device: str = "auto", dtype: str = "auto",
+                 max_concurrency: int | None = None, max_new_tokens: int = 512,
+                 max_audio_seconds: float = 60.0, max_tool_argument_tokens: int = 256,
+                 ode_steps: int = 10, first_chunk_blocks: int = 1, chunk_blocks: int = 2,
+                 lookahead_blocks: int = 1, lookback_blocks: int = 2, seed: int | None = None,
+                 torch_threads: int | None = None, warmup: bool = True) -> None:
+        super().__init__(model)
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        if max_concurrency is None:
+            max_concurrency = 1 if self.device.type == "cpu" else 4
+        if max_concurrency < 1 or max_new_tokens < 1 or max_audio_seconds <= 0:
+            raise ValueError("max_concurrency, max_new_tokens and max_audio_seconds must be positive")
+        self.max_concurrency = max_concurrency
+        self.settings = GenerationSettings(
+            max_new_tokens=max_new_tokens, max_audio_seconds=max_audio_seconds,
+            max_tool_argument_tokens=max_tool_argument_tokens, seed=seed,
+            chunk_plan=ChunkPlan(first_chunk_blocks=first_chunk_blocks, chunk_blocks=chunk_blocks,
+                                 lookahead_blocks=lookahead_blocks, lookback_blocks=lookback_blocks,
+                                 ode_steps=ode_steps))
+        if torch_threads is None and model == "tiny-random" and self.device.type == "cpu":
+            torch_threads = 1
+        self.torch_threads = torch_threads
+        self.warmup = warmup
+        self.voices: tuple[str, ...] = ("Chelsie", "Ethan")
+        self.loaded: LoadedModel | None = None
+        self._grammar = None
+        self._slots: asyncio.Semaphore | None = None
+        self._jobs: set[_Job] = set()
+        self._stats_lock = threading.Lock()
+        #: decode steps run by all generations so far (for tests and metrics)
+        self.decode_steps = 0
+
+    @property
+    def active_generations(self) -> int:
+        """Generations whose worker thread is still running (cancelled ones included)."""
+        return sum(1 for job in list(self._jobs) if job.thread.is_alive())
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        if self.torch_threads:
+            torch.set_num_threads(self.torch_threads)
+        self.loaded = await asyncio.to_thread(load_model, self.model, self.device, self.dtype)
+        speakers = tuple(self.loaded.model.speaker_map)
+        if not speakers:
+            raise EngineError(f"{self.model} has no speakers (spk_dict.pt)")
+        # Chelsie first when present: it is Qwen2.5-Omni's default voice.
+        self.voices = tuple(sorted(speakers, key=lambda name: (name != "Chelsie", name)))
+        from .constrained import GrammarFactory
+
+        tokenizer = self.loaded.processor.tokenizer
+        vocab = self.loaded.model.thinker.lm_head.out_features
+        self._grammar = await asyncio.to_thread(GrammarFactory, tokenizer, vocab)
+        self._slots = asyncio.Semaphore(self.max_concurrency)
+        if self.warmup:
+            await self._warm_up()
+
+    async def close(self) -> None:
+        for job in list(self._jobs):
+            job.cancel.set()
+        for job in list(self._jobs):
+            await asyncio.to_thread(job.thread.join)
+        self.loaded = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    async def _warm_up(self) -> None:
+        logger.info("warm-up 1/1 (text + audio, 0.5 s of input audio) …")
+        started = time.monotonic()
+        noise = np.random.default_rng(0).normal(0, 0.01, 8_000).astype(np.float32)
+        request = GenerationRequest(
+            request_id="warmup", instructions="", context=[UserAudio(noise), UserText("Hi")],
+            modalities=("audio",), max_output_tokens=8)
+        async for _ in self.generate(request):
+            pass
+        logger.info("warm-up done in %.2f s", time.monotonic() - started)
+
+    # ----------------------------------------------------------------- generation
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[Delta]:
+        return self._generate(request)
+
+    async def _generate(self, request: GenerationRequest) -> AsyncIterator[Delta]:
+        arrived = time.monotonic()
+        if self.loaded is None or self._slots is None:
+            raise EngineError("the reference engine is not started")
+        voice = self._voice(request.voice)
+        loop = asyncio.get_running_loop()
+        await self._slots.acquire()
+        queue: asyncio.Queue = asyncio.Queue()
+        job = _Job()
+        started = False
+        try:
+            generation = Generation(
+                self.loaded, self._grammar, self.settings, request, voice,
+                emit=lambda delta: _post(loop, queue, delta, job),
+                cancelled=job.cancel.is_set, on_step=self._count_step, arrived=arrived,
+                queue_wait=time.monotonic() - arrived)
+            job.thread = threading.Thread(
+                target=self._run, args=(generation, loop, queue, job),
+                name=f"omni-{request.request_id}", daemon=True)
+            self._jobs.add(job)
+            job.thread.start()
+            started = True
+            while True:
+                item = await queue.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise EngineError(f"generation failed: {item}") from item
+                yield item
+                if isinstance(item, Finished):
+                    return
+        finally:
+            job.cancel.set()  # no-op when finished; stops the thread within one step otherwise
+            if not started:
+                self._jobs.discard(job)
+                self._slots.release()
+
+    def _run(self, generation: Generation, loop: asyncio.AbstractEventLoop,
+             queue: asyncio.Queue, job: "_Job") -> None:
+        """Worker thread body. Releases the concurrency slot when the work has really stopped."""
+        try:
+            generation.run()
+        except Cancelled:
+            logger.debug("generation cancelled after %d steps", generation.decode_steps)
+        except Exception as error:  # reported to the consumer as an EngineError
+            logger.exception("generation failed")
+            _post(loop, queue, error, job)
+        finally:
+            _post(loop, queue, _DONE, job)
+            self._jobs.discard(job)
+            try:
+                loop.call_soon_threadsafe(self._slots.release)
+            except RuntimeError:  # the event loop is gone (shutdown)
+                pass
+            if self.device.type == "cuda" and not self._jobs:
+                torch.cuda.empty_cache()
+
+    def _count_step(self) -> None:
+        with self._stats_lock:
+            self.decode_steps += 1
+
+    def _voice(self, voice: str) -> str:
+        if voice in self.voices:
+            return voice
+        for name in self.voices:  # the gateway may pass a lower-case name
+            if name.lower() == (voice or "").lower():
+                return name
+        logger.warning("unknown voice %r; using %s", voice, self.voices[0])
+        return self.voices[0]
+
+
+class _Job:
+    def __init__(self) -> None:
+        self.cancel = threading.Event()
+        self.thread: threading.Thread | None = None
+
+
+def _post(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, item, job: _Job) -> None:
+    """Hand an item to the consumer; if its event loop is gone, stop the work."""
+    if job.cancel.is_set() and item is not _DONE:
+        return
+    try:
+        loop.call_soon_threadsafe(queue.put_nowait, item)
+    except RuntimeError:
+        job.cancel.set()

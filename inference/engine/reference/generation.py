@@ -1,0 +1,352 @@
+"""One reply, generated step by step in a worker thread: thinker → talker → token2wav.
+
+Each loop iteration is one "decode step": the thinker feeds its last token (which yields
+that token's hidden state for the talker) and samples the next; the talker takes one reply
+element and samples one codec code; whenever enough codes are there, token2wav turns the
+next chunk into audio. Text, audio and tool calls leave through `emit` as they are made.
+
+The talker trails the thinker by one token, exactly the data dependency of the offline
+`generate()`: its step j needs the thinker's hidden state of reply token j.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..base import AudioDelta, Finished, GenerationRequest, TextDelta, ToolCallDelta
+from .constrained import GrammarFactory, arguments_schema, call_schema
+from .detokenize import IncrementalDecoder
+from .loading import LoadedModel
+from .prompt import Prompt, build_prompt, tools_offered
+from .sampling import TALKER_SAMPLING, SamplingParams, TokenSampler
+from .talker import TalkerRunner
+from .thinker import ThinkerRunner
+from .token2wav_stream import Cancelled, ChunkPlan, StreamingToken2Wav
+from .tool_calls import OPEN_TAG, ParsedCall, ToolCallParser, new_call_id
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    max_new_tokens: int = 512
+    max_audio_seconds: float = 60.0
+    max_tool_argument_tokens: int = 256
+    chunk_plan: ChunkPlan = field(default_factory=ChunkPlan)
+    seed: int | None = None
+
+
+class Generation:
+    """Run with `run()`; it returns when the reply is complete or `cancelled()` turns true."""
+
+    def __init__(self, loaded: LoadedModel, grammar: GrammarFactory,
+                 settings: GenerationSettings, request: GenerationRequest, voice: str,
+                 emit: Callable[[object], None], cancelled: Callable[[], bool],
+                 on_step: Callable[[], None], arrived: float, queue_wait: float) -> None:
+        self.model = loaded.model
+        self.processor = loaded.processor
+        self.tokenizer = loaded.processor.tokenizer
+        self.device = loaded.device
+        self.grammar = grammar
+        self.settings = settings
+        self.request = request
+        self.voice = voice
+        self._emit = emit
+        self.cancelled = cancelled
+        self.on_step = on_step
+        self.arrived = arrived
+        self.timings: dict[str, float] = {"queue_wait_s": queue_wait}
+        self.audio_samples = 0
+        self.output_tokens = 0
+        self.audio_codes = 0
+        self.decode_steps = 0
+        self.decode_time = 0.0
+        self.tool_calls = 0
+        seed = settings.seed if settings.seed is not None else secrets.randbits(63)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+
+    # ----------------------------------------------------------------- entry point
+
+    def run(self) -> None:
+        thinker = ThinkerRunner(self.model.thinker, self.device)
+        talker: TalkerRunner | None = None
+        try:
+            with torch.inference_mode():
+                forced = self._forced_tools()
+                prefix = self._forced_prefix(forced)
+                prompt = build_prompt(self.processor, self.request, forced_prefix=prefix)
+                started = time.monotonic()
+                out = thinker.prefill(prompt)
+                self.timings["prefill_s"] = time.monotonic() - started
+                if forced:
+                    reason = self._forced_call(thinker, out.logits, forced, prefix)
+                else:
+                    reason, talker = self._reply(thinker, prompt, out)
+        finally:
+            thinker.release()
+            if talker is not None:
+                talker.release()
+        self._finish(reason, prompt)
+
+    # ----------------------------------------------------------------- free reply
+
+    def _reply(self, thinker: ThinkerRunner, prompt: Prompt, prefill) -> tuple[str, TalkerRunner | None]:
+        speak = "audio" in self.request.modalities
+        sampler = TokenSampler(SamplingParams.from_generation_config(
+            self.model.thinker.generation_config), self.device, generator=self.generator)
+        stop_ids = self._stop_ids()
+        tool_open_id = self._single_token_id(OPEN_TAG)
+        max_new = self._max_new_tokens()
+        text = _TextChannel(self.tokenizer, self._emit_text, self._emit_call)
+
+        history = prompt.input_ids.to(self.device)
+        reply_ids: list[int] = []
+        token = sampler(prefill.logits, history if sampler.needs_history else None)
+
+        # the talker's reply stream: (token id, hidden + embedding) of each fed reply token,
+        # then the text-eos embedding; after that it reads the text-pad embedding
+        voice_open = speak
+        reply_stream: deque[tuple[int | None, torch.Tensor]] = deque()
+        talker: TalkerRunner | None = None
+        audio: StreamingToken2Wav | None = None
+        prompt_inputs = prefill.hidden + prefill.embeds if speak else None
+        talker_config = self.model.talker.config
+        text_eos = thinker.embed(talker_config.tts_text_end_token_id)
+        text_pad = thinker.embed(talker_config.tts_text_pad_token_id)
+        thinker_done = False
+        reason = "stop"
+
+        while True:
+            if self.cancelled():
+                raise Cancelled()
+            step_started = time.monotonic()
+            if not thinker_done:
+                reply_ids.append(token)
+                self.output_tokens += 1
+                finished_text = token in stop_ids
+                if not finished_text:
+                    text.push(token)
+                if token == tool_open_id:
+                    voice_open = self._close_voice(voice_open, reply_stream, text_eos)
+                if finished_text or len(reply_ids) >= max_new:
+                    # like generate(), the last sampled token is never fed back
+                    thinker_done = True
+                    reason = "stop" if finished_text else "length"
+                    voice_open = self._close_voice(voice_open, reply_stream, text_eos)
+                    text.finish()
+                else:
+                    fed = thinker.step([token])
+                    if voice_open:
+                        reply_stream.append((token, fed.hidden + fed.embeds))
+                    if sampler.needs_history:
+                        history = torch.cat([history, torch.tensor([[token]], device=self.device)], 1)
+                    token = sampler(fed.logits, history if sampler.needs_history else None)
+
+            if talker is None and reply_stream and reply_stream[0][0] is None:
+                reply_stream.clear()  # the reply has no spoken text: nothing for the talker
+            if talker is None and reply_stream:
+                first_id, first_input = reply_stream.popleft()
+                talker, audio = self._start_talker(prompt, prompt_inputs, first_id, first_input)
+                self._after_code(talker, audio)
+            elif talker is not None and not talker.finished:
+                if reply_stream:
+                    talker.step(reply_stream.popleft()[1])
+                    self._after_code(talker, audio)
+                elif not voice_open:
+                    talker.step(text_pad)
+                    self._after_code(talker, audio)
+
+            self.decode_steps += 1
+            self.decode_time += time.monotonic() - step_started
+            self.on_step()
+            talker_idle = talker.finished if talker is not None else not reply_stream
+            if thinker_done and talker_idle:
+                break
+
+        if audio is not None:
+            self._emit_audio(audio.flush())
+        if self.tool_calls:
+            reason = "tool_calls"
+        return reason, talker
+
+    @staticmethod
+    def _close_voice(voice_open: bool, reply_stream: deque, text_eos: torch.Tensor) -> bool:
+        """The spoken text is over: the talker reads the text-eos embedding next."""
+        if voice_open:
+            reply_stream.append((None, text_eos))
+        return False
+
+    def _start_talker(self, prompt: Prompt, prompt_inputs: torch.Tensor, first_id: int,
+                      first_input: torch.Tensor) -> tuple[TalkerRunner, StreamingToken2Wav]:
+        speaker = self.model.speaker_map[self.voice]
+        dit = self.model.token2wav.code2wav_dit_model
+        samples_per_frame = math.prod(self.model.token2wav.code2wav_bigvgan_model.config.upsample_rates)
+        codes_per_second = 24_000 / (dit.repeats * samples_per_frame)
+        max_codes = max(1, int(self.settings.max_audio_seconds * codes_per_second))
+        talker = TalkerRunner(
+            self.model.talker, codebook_size=dit.config.num_embeds + 1,
+            sampler_factory=lambda suppress: TokenSampler(
+                TALKER_SAMPLING, self.device, suppress_ids=suppress, generator=self.generator),
+            max_codes=max_codes, device=self.device)
+        audio_lengths = None
+        if prompt.feature_attention_mask is not None:
+            audio_lengths = prompt.feature_attention_mask.sum(dim=1).to(self.device)
+        bos_id = int(speaker["bos_token"])
+        talker.start(prompt.input_ids, prompt_inputs, bos_id, self._thinker_embed(bos_id),
+                     first_id, first_input, audio_lengths)
+        audio = StreamingToken2Wav(self.model.token2wav, speaker, self.settings.chunk_plan,
+                                   self.device, self.generator, self.cancelled)
+        return talker, audio
+
+    def _after_code(self, talker: TalkerRunner, audio: StreamingToken2Wav) -> None:
+        if talker.last_code in talker.end_codes:
+            return
+        self.audio_codes += 1
+        audio.push(talker.last_code)
+        if audio.ready():
+            self._emit_audio(audio.decode_chunk())
+
+    # ----------------------------------------------------------------- forced tool call
+
+    def _forced_tools(self) -> list[dict] | None:
+        """The tools a call must be made to, or None when the model is free to answer."""
+        choice = self.request.tool_choice
+        tools = [entry["function"] for entry in tools_offered(self.request)]
+        if choice in ("auto", "none") or not tools:
+            if choice == "required" and not tools:
+                raise ValueError('tool_choice "required" needs at least one tool')
+            return None
+        if choice == "required":
+            return tools
+        named = [tool for tool in tools if tool["name"] == choice]
+        if not named:
+            raise ValueError(f"tool_choice names an unknown tool: {choice!r}")
+        return named
+
+    @staticmethod
+    def _forced_prefix(forced: list[dict] | None) -> str:
+        if not forced:
+            return ""
+        if len(forced) == 1:  # the envelope and the name are known: teacher-force them
+            return f'{OPEN_TAG}\n{{"name": "{forced[0]["name"]}", "arguments": '
+        return f"{OPEN_TAG}\n"
+
+    def _forced_call(self, thinker: ThinkerRunner, logits: torch.Tensor, forced: list[dict],
+                     prefix: str) -> str:
+        single = len(forced) == 1
+        suffix = "}\n</tool_call>" if single else "\n</tool_call>"
+        fixed_tokens = len(self.tokenizer.encode(prefix + suffix, add_special_tokens=False)) + 1
+        budget = min(self.settings.max_tool_argument_tokens,
+                     max(self._max_new_tokens() - fixed_tokens, 0))
+        schema = arguments_schema(forced[0]) if single else call_schema(forced)
+        decoder = self.grammar.decoder(schema, budget)
+        sampler = TokenSampler(SamplingParams.from_generation_config(
+            self.model.thinker.generation_config), self.device, generator=self.generator)
+        ids: list[int] = []
+        while True:
+            if self.cancelled():
+                raise Cancelled()
+            step_started = time.monotonic()
+            ids.append(decoder.choose(logits, lambda masked: sampler(masked)))
+            done = decoder.done
+            if not done:
+                logits = thinker.step([ids[-1]]).logits
+            self.decode_steps += 1
+            self.decode_time += time.monotonic() - step_started
+            self.on_step()
+            if done:
+                break
+        body = self.tokenizer.decode(ids, skip_special_tokens=True)
+        self.output_tokens = fixed_tokens + len(ids)
+        if single:
+            self._emit_call(ParsedCall(new_call_id(), forced[0]["name"], body))
+        else:
+            payload = json.loads(body)
+            self._emit_call(ParsedCall(new_call_id(), payload["name"],
+                                       json.dumps(payload["arguments"], ensure_ascii=False)))
+        return "tool_calls"
+
+    # ----------------------------------------------------------------- output
+
+    def _emit_text(self, text: str) -> None:
+        self.timings.setdefault("first_text_s", time.monotonic() - self.arrived)
+        self._emit(TextDelta(text))
+
+    def _emit_call(self, call: ParsedCall) -> None:
+        self.tool_calls += 1
+        self._emit(ToolCallDelta(call.call_id, call.name, call.arguments))
+
+    def _emit_audio(self, samples) -> None:
+        if len(samples) == 0:
+            return
+        self.timings.setdefault("first_audio_s", time.monotonic() - self.arrived)
+        self.audio_samples += len(samples)
+        self._emit(AudioDelta(samples))
+
+    def _finish(self, reason: str, prompt: Prompt) -> None:
+        self.timings["total_s"] = time.monotonic() - self.arrived
+        self.timings["audio_s"] = self.audio_samples / 24_000
+        self.timings["decode_steps"] = float(self.decode_steps)
+        self.timings["decode_s"] = self.decode_time
+        self._emit(Finished(
+            reason=reason, input_tokens=int(prompt.input_ids.shape[1]),
+            input_audio_tokens=prompt.audio_tokens, output_text_tokens=self.output_tokens,
+            output_audio_tokens=self.audio_codes, timings=dict(self.timings)))
+
+    # ----------------------------------------------------------------- helpers
+
+    def _max_new_tokens(self) -> int:
+        limit = self.settings.max_new_tokens
+        requested = self.request.max_output_tokens
+        if requested is not None and not (isinstance(requested, float) and math.isinf(requested)):
+            limit = min(limit, int(requested))
+        return max(limit, 1)
+
+    def _stop_ids(self) -> set[int]:
+        eos = self.model.thinker.generation_config.eos_token_id
+        ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+        im_end = self._single_token_id("<|im_end|>")
+        if im_end is not None:
+            ids.add(im_end)
+        return ids
+
+    def _single_token_id(self, text: str) -> int | None:
+        token_id = self.tokenizer.convert_tokens_to_ids(text)
+        return token_id if isinstance(token_id, int) and token_id != self.tokenizer.unk_token_id else None
+
+    def _thinker_embed(self, token_id: int) -> torch.Tensor:
+        ids = torch.tensor([[token_id]], dtype=torch.long, device=self.device)
+        return self.model.thinker.get_input_embeddings()(ids)
+
+
+class _TextChannel:
+    """Token ids → transcript TextDeltas and ToolCallDeltas."""
+
+    def __init__(self, tokenizer, on_text, on_call) -> None:
+        self.decoder = IncrementalDecoder(tokenizer)
+        self.parser = ToolCallParser()
+        self.on_text = on_text
+        self.on_call = on_call
+
+    def push(self, token_id: int) -> None:
+        self._route(self.parser.feed(self.decoder.push(token_id)))
+
+    def finish(self) -> None:
+        self._route(self.parser.feed(self.decoder.flush()))
+        self._route(self.parser.finish())
+
+    def _route(self, items) -> None:
+        for item in items:
+            if isinstance(item, ParsedCall):
+                self.on_call(item)
+            else:
+                self.on_text(item)

@@ -1,0 +1,70 @@
+"""Load a Qwen2.5-Omni checkpoint (or the tiny-random one) with transformers' own classes."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .chat_template import CHAT_TEMPLATE
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedModel:
+    model: "transformers.Qwen2_5OmniForConditionalGeneration"  # noqa: F821
+    processor: "transformers.Qwen2_5OmniProcessor"  # noqa: F821
+    device: torch.device
+    dtype: torch.dtype
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        resolved = getattr(torch, dtype)
+    except AttributeError:
+        resolved = None
+    if not isinstance(resolved, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; use auto, bfloat16, float16 or float32")
+    return resolved
+
+
+def load_model(model: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """`model` is "tiny-random", a local directory or a Hugging Face id; all load the same way."""
+    from transformers import Qwen2_5OmniForConditionalGeneration, Qwen2_5OmniProcessor
+
+    if model == "tiny-random":
+        from .tiny import ensure_tiny_model
+
+        path = str(ensure_tiny_model())
+    else:
+        path = model
+    logger.info("loading %s (%s, %s) …", model, device, dtype)
+    started = time.monotonic()
+    omni = Qwen2_5OmniForConditionalGeneration.from_pretrained(path, dtype=dtype)
+    if not getattr(omni, "has_talker", False):
+        raise ValueError(f"{model} has no talker: this engine needs a checkpoint with audio output")
+    # As in Qwen2_5OmniForConditionalGeneration.generate: token2wav always runs in float32.
+    omni.token2wav.float()
+    omni.to(device).eval()
+    processor = Qwen2_5OmniProcessor.from_pretrained(path)
+    template = processor.chat_template or ""
+    if "tool_call" not in template:
+        # Qwen2.5-Omni's template has no tool section; ours renders the same multimodal
+        # turns and adds Qwen2.5's hermes-style tools.
+        logger.info("the checkpoint's chat template has no tool support; using ours")
+        processor.chat_template = CHAT_TEMPLATE
+    logger.info("loaded %s in %.1f s", model, time.monotonic() - started)
+    return LoadedModel(model=omni, processor=processor, device=device, dtype=dtype)

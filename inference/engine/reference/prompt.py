@@ -1,0 +1,116 @@
+"""Render a GenerationRequest into thinker inputs with the processor's chat template."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..base import (
+    AssistantText, GenerationRequest, SystemText, ToolCall, ToolResult, UserAudio, UserText,
+)
+
+# Qwen2.5-Omni only speaks when its system prompt is this one (HF warns otherwise), so the
+# request's instructions are appended to it rather than replacing it.
+OMNI_SYSTEM_PROMPT = (
+    "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of "
+    "perceiving auditory and visual inputs, as well as generating text and speech."
+)
+
+
+@dataclass
+class Prompt:
+    input_ids: torch.Tensor                          # (1, L)
+    input_features: torch.Tensor | None              # (n_audio, 128, frames)
+    feature_attention_mask: torch.Tensor | None      # (n_audio, frames)
+    audio_tokens: int                                # how many of the L tokens are audio
+
+
+def tools_offered(request: GenerationRequest) -> list[dict[str, Any]]:
+    """The tools as the chat template expects them; none when tool_choice is "none"."""
+    if request.tool_choice == "none":
+        return []
+    return [
+        {"type": "function", "function": {
+            "name": tool.name, "description": tool.description, "parameters": tool.parameters}}
+        for tool in request.tools
+    ]
+
+
+def build_messages(request: GenerationRequest) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
+    """Chat messages for the template, and the user audio clips in the order they appear."""
+    system = OMNI_SYSTEM_PROMPT
+    if request.instructions.strip():
+        system += "\n\n" + request.instructions.strip()
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+    audios: list[np.ndarray] = []
+
+    def last(role: str) -> dict[str, Any] | None:
+        return messages[-1] if len(messages) > 1 and messages[-1]["role"] == role else None
+
+    for item in request.context:
+        if isinstance(item, (UserAudio, UserText)):
+            part = {"type": "audio", "audio": "<clip>"} if isinstance(item, UserAudio) else {
+                "type": "text", "text": item.text}
+            if isinstance(item, UserAudio):
+                audios.append(_as_clip(item.audio))
+            message = last("user")
+            if message is None:  # consecutive user items form one turn
+                messages.append(message := {"role": "user", "content": []})
+            message["content"].append(part)
+        elif isinstance(item, SystemText):
+            messages.append({"role": "system", "content": item.text})
+        elif isinstance(item, AssistantText):
+            message = last("assistant")
+            if message is not None and not message.get("tool_calls"):
+                message["content"] += item.text
+            else:
+                messages.append({"role": "assistant", "content": item.text})
+        elif isinstance(item, ToolCall):
+            message = last("assistant")
+            if message is None:
+                messages.append(message := {"role": "assistant", "content": ""})
+            message.setdefault("tool_calls", []).append(
+                {"name": item.name, "arguments": _arguments_json(item.arguments)})
+        elif isinstance(item, ToolResult):
+            messages.append({"role": "tool", "content": item.output})
+        else:
+            raise TypeError(f"unsupported context item {type(item).__name__}")
+    return messages, audios
+
+
+def build_prompt(processor, request: GenerationRequest, forced_prefix: str = "") -> Prompt:
+    """Template + feature extraction. `forced_prefix` is appended after the generation prompt
+    (the start of a forced tool call)."""
+    messages, audios = build_messages(request)
+    tools = tools_offered(request) or None
+    text = processor.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    text += forced_prefix
+    inputs = processor(text=text, audio=audios or None, return_tensors="pt")
+    input_ids = inputs["input_ids"]
+    audio_id = processor.tokenizer.convert_tokens_to_ids(processor.audio_token)
+    return Prompt(
+        input_ids=input_ids,
+        input_features=inputs.get("input_features") if audios else None,
+        feature_attention_mask=inputs.get("feature_attention_mask") if audios else None,
+        audio_tokens=int((input_ids == audio_id).sum()),
+    )
+
+
+def _as_clip(audio: np.ndarray) -> np.ndarray:
+    clip = np.asarray(audio, dtype=np.float32).reshape(-1)
+    if clip.size == 0:
+        raise ValueError("empty user audio clip")
+    return clip
+
+
+def _arguments_json(arguments: str) -> str:
+    """Arguments as compact JSON text; the model's own text if it is not valid JSON."""
+    try:
+        return json.dumps(json.loads(arguments), ensure_ascii=False)
+    except (TypeError, ValueError):
+        return arguments

@@ -1,0 +1,75 @@
+"""Next-token choice with transformers' own logits processors, one step at a time.
+
+`generate()` builds the same processors in the same order (repetition penalty, suppressed
+tokens, then temperature, top-k, top-p when sampling); reusing the classes keeps the math
+identical. The only difference: each generation draws from its own `torch.Generator`, so
+concurrent generations do not share (or perturb) one random stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.generation.logits_process import (
+    LogitsProcessorList, RepetitionPenaltyLogitsProcessor, SuppressTokensLogitsProcessor,
+    TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
+)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float = 1.0
+
+    @classmethod
+    def from_generation_config(cls, config) -> "SamplingParams":
+        return cls(
+            do_sample=bool(getattr(config, "do_sample", False)),
+            temperature=float(getattr(config, "temperature", None) or 1.0),
+            top_k=getattr(config, "top_k", None),
+            top_p=getattr(config, "top_p", None),
+            repetition_penalty=float(getattr(config, "repetition_penalty", None) or 1.0),
+        )
+
+
+# What Qwen2_5OmniForConditionalGeneration.generate passes to the talker by default.
+TALKER_SAMPLING = SamplingParams(
+    do_sample=True, temperature=0.9, top_k=40, top_p=0.8, repetition_penalty=1.05)
+
+
+class TokenSampler:
+    def __init__(self, params: SamplingParams, device: torch.device, suppress_ids=(),
+                 generator: torch.Generator | None = None) -> None:
+        self.params = params
+        self.generator = generator
+        processors = LogitsProcessorList()
+        if params.repetition_penalty != 1.0:
+            processors.append(RepetitionPenaltyLogitsProcessor(penalty=params.repetition_penalty))
+        if suppress_ids:
+            processors.append(SuppressTokensLogitsProcessor(list(suppress_ids), device=device))
+        if params.do_sample:
+            if params.temperature != 1.0:
+                processors.append(TemperatureLogitsWarper(params.temperature))
+            if params.top_k:
+                processors.append(TopKLogitsWarper(top_k=params.top_k))
+            if params.top_p is not None and params.top_p < 1.0:
+                processors.append(TopPLogitsWarper(top_p=params.top_p))
+        self.processors = processors
+
+    @property
+    def needs_history(self) -> bool:
+        return self.params.repetition_penalty != 1.0
+
+    def __call__(self, logits: torch.Tensor, history: torch.Tensor | None = None) -> int:
+        """`logits` (1, vocab); `history` (1, n) the ids the penalty looks at. Returns a token id."""
+        scores = logits.float()
+        if self.processors:
+            scores = self.processors(history, scores)
+        if not self.params.do_sample:
+            return int(scores.argmax(dim=-1))
+        probs = torch.softmax(scores, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=self.generator))

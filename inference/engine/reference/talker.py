@@ -1,0 +1,110 @@
+"""The talker, one codec code per step, fed in lockstep with the thinker.
+
+Reproduces what `Qwen2_5OmniForConditionalGeneration.generate` + the talker's `forward` do,
+but incrementally:
+
+- prefill input = thinker (final hidden + input embedding) of every prompt token (embeddings
+  zeroed at audio positions), then the speaker's text-bos embedding, then the first reply
+  token's hidden + embedding; the codec pad and codec bos embeddings are added to the last
+  two positions; rope positions from the talker's `get_rope_index` over
+  `[prompt ids, speaker bos, first reply token]`;
+- decode step j input = codec embedding of the previous code + the reply element j, where
+  the reply stream is reply token j's (hidden + embedding), then the text-eos embedding once
+  the text is over, then the text-pad embedding for as long as the talker keeps talking;
+- each input goes through `thinker_to_talker_proj`, the talker model, `codec_head`;
+- sampling as generate's defaults: repetition penalty over the whole code sequence (the
+  codec mask codes standing for the prompt included), codec bos suppressed, temperature /
+  top-k / top-p; the codec pad and codec end codes both end the speech.
+
+One deliberate difference: codes the token2wav cannot embed (beyond its codebook, other than
+the end codes) are suppressed too; generate would crash in token2wav on them.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from .sampling import TokenSampler
+
+
+class TalkerRunner:
+    def __init__(self, talker, codebook_size: int, sampler_factory, max_codes: int,
+                 device: torch.device) -> None:
+        config = talker.config
+        self.talker = talker
+        self.device = device
+        self.max_codes = max_codes
+        self.codec_bos = config.tts_codec_start_token_id
+        self.codec_pad = config.tts_codec_pad_token_id
+        self.codec_mask = config.tts_codec_mask_token_id
+        self.end_codes = {config.tts_codec_pad_token_id, config.tts_codec_end_token_id}
+        unusable = [c for c in range(codebook_size, config.vocab_size) if c not in self.end_codes]
+        self.sampler: TokenSampler = sampler_factory(sorted({self.codec_bos, *unusable}))
+        self.cache = DynamicCache(config=config)
+        self.rope_delta = 0
+        self.length = 0
+        self.last_code: int | None = None
+        self.codes = 0
+        self._history: torch.Tensor | None = None
+        self._history_len = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.last_code in self.end_codes or self.codes >= self.max_codes
+
+    def start(self, prompt_ids: torch.Tensor, prompt_inputs: torch.Tensor,
+              speaker_bos_id: int, speaker_bos_embed: torch.Tensor,
+              first_reply_id: int, first_reply_input: torch.Tensor,
+              audio_lengths: torch.Tensor | None) -> int:
+        """Prefill; returns the first code. `prompt_inputs` = hidden + embeds of the prompt."""
+        inputs = torch.cat([prompt_inputs, speaker_bos_embed, first_reply_input], dim=1).clone()
+        inputs[:, -1] += self._codec_embed(self.codec_bos)[:, 0]
+        inputs[:, -2] += self._codec_embed(self.codec_pad)[:, 0]
+        text_ids = torch.cat([
+            prompt_ids.to(self.device),
+            torch.tensor([[speaker_bos_id, first_reply_id]], dtype=torch.long, device=self.device),
+        ], dim=1)
+        positions, deltas = self.talker.get_rope_index(
+            text_ids, None, None, torch.ones_like(text_ids), False, audio_lengths, None)
+        self.rope_delta = int(deltas.reshape(-1)[0])
+        prompt_len = prompt_ids.shape[1]
+        self._history = torch.empty((1, prompt_len + 3 + self.max_codes), dtype=torch.long,
+                                    device=self.device)
+        self._history[0, :prompt_len] = self.codec_mask
+        self._history[0, prompt_len] = self.codec_pad
+        self._history[0, prompt_len + 1] = self.codec_bos
+        self._history_len = prompt_len + 2
+        return self._next_code(self._forward(inputs, positions))
+
+    def step(self, reply_input: torch.Tensor) -> int:
+        """One decode step with reply element `reply_input` (1, 1, H); returns the next code."""
+        inputs = self._codec_embed(self.last_code) + reply_input
+        position = self.length + self.rope_delta
+        positions = torch.full((3, 1, 1), position, dtype=torch.long, device=self.device)
+        return self._next_code(self._forward(inputs, positions))
+
+    def _forward(self, inputs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        projected = self.talker.thinker_to_talker_proj(inputs)
+        out = self.talker.model(inputs_embeds=projected, position_ids=positions,
+                                past_key_values=self.cache, use_cache=True, return_dict=True)
+        self.length += inputs.shape[1]
+        return self.talker.codec_head(out.last_hidden_state[:, -1])
+
+    def _next_code(self, logits: torch.Tensor) -> int:
+        history = self._history[:, :self._history_len] if self.sampler.needs_history else None
+        code = self.sampler(logits, history)
+        self._history[0, self._history_len] = code
+        self._history_len += 1
+        self.last_code = code
+        if code not in self.end_codes:
+            self.codes += 1
+        return code
+
+    def _codec_embed(self, code: int) -> torch.Tensor:
+        ids = torch.tensor([[code]], dtype=torch.long, device=self.device)
+        return self.talker.get_input_embeddings()(ids)
+
+    def release(self) -> None:
+        self.cache = None
+        self._history = None

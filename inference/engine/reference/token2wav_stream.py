@@ -1,0 +1,167 @@
+"""Codec codes → 24 kHz audio in chunks, while the talker is still producing codes.
+
+The offline path (`Qwen2_5OmniToken2WavModel.forward`) runs the DiT's ODE over all codes at
+once, then BigVGAN. Streaming follows Qwen's own recipe for this DiT (the one behind its
+`process_chunk` helpers): the DiT attends within blocks of `block_size` mel frames (plus one
+block back/ahead in a few layers), so a chunk of mel can be sampled from a window of codes
+around it:
+
+- window = the chunk, plus `lookback_blocks` before and `lookahead_blocks` after; the mel of
+  the look-back and look-ahead parts is thrown away (the look-ahead is re-made, with more
+  context, by the next window);
+- the ODE for every window starts from the same per-reply noise sequence, sliced to the
+  window, so overlapping windows agree;
+- the vocoder keeps `vocoder_overlap` frames of context: each chunk's last frames are held
+  back and emitted with the next chunk, vocoded with mel on both sides.
+
+The ODE itself is `Qwen2_5OmniToken2WavDiTModel.sample`'s, with the model's own
+`RungeKutta4ODESolver` and forward, except that the initial noise is passed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
+
+
+class Cancelled(Exception):
+    """Raised inside the decode loop when the consumer went away."""
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    first_chunk_blocks: int = 1
+    chunk_blocks: int = 2
+    lookahead_blocks: int = 1
+    lookback_blocks: int = 2
+    vocoder_overlap: int = 20  # mel frames (Qwen's choice)
+    ode_steps: int = 10
+    guidance_scale: float = 0.5
+    sway_coefficient: float = -1.0
+
+    def __post_init__(self) -> None:
+        if self.first_chunk_blocks < 1 or self.chunk_blocks < 1:
+            raise ValueError("chunks must be at least one block")
+        if self.lookahead_blocks < 0 or self.lookback_blocks < 0 or self.vocoder_overlap < 0:
+            raise ValueError("look-ahead, look-back and overlap cannot be negative")
+        if self.ode_steps < 2:
+            raise ValueError("ode_steps must be at least 2")
+
+
+class StreamingToken2Wav:
+    def __init__(self, token2wav, speaker: dict, plan: ChunkPlan, device: torch.device,
+                 generator: torch.Generator | None,
+                 cancelled: Callable[[], bool] = lambda: False) -> None:
+        self.dit = token2wav.code2wav_dit_model
+        self.vocoder = token2wav.code2wav_bigvgan_model
+        self.plan = plan
+        self.device = device
+        self.generator = generator
+        self.cancelled = cancelled
+        self.block = self.dit.block_size                    # mel frames per block
+        self.repeats = self.dit.repeats                     # mel frames per code
+        self.samples_per_frame = int(np.prod(self.vocoder.config.upsample_rates))
+        self.cond = speaker["cond"].to(device, torch.float32).reshape(1, -1)
+        self.ref_mel = speaker["ref_mel"].to(device, torch.float32).reshape(1, -1, self.dit.mel_dim)
+        self.codes: list[int] = []
+        self.noise = torch.empty((1, 0, self.dit.mel_dim), dtype=torch.float32, device=device)
+        self.next_frame = 0          # first mel frame not yet decoded
+        self.chunks = 0
+        self.tail: torch.Tensor | None = None  # last vocoded mel frames (context + held back)
+        self.held = 0                # frames at the end of `tail` not yet emitted as audio
+
+    @property
+    def frames(self) -> int:
+        return len(self.codes) * self.repeats
+
+    def push(self, code: int) -> None:
+        self.codes.append(code)
+
+    def ready(self) -> bool:
+        """Enough codes for the next chunk and its look-ahead."""
+        end = self.next_frame + self._chunk_frames()
+        return self.frames >= end + self.plan.lookahead_blocks * self.block
+
+    def decode_chunk(self) -> np.ndarray:
+        """The next chunk's audio (call when `ready()`)."""
+        end = self.next_frame + self._chunk_frames()
+        window_end = min(end + self.plan.lookahead_blocks * self.block, self.frames)
+        return self._decode(end, window_end, final=False)
+
+    def flush(self) -> np.ndarray:
+        """All remaining audio, the held-back tail included; the reply's codes are complete."""
+        if self.next_frame >= self.frames and not self.held:
+            return np.zeros(0, dtype=np.float32)
+        return self._decode(self.frames, self.frames, final=True)
+
+    # ----------------------------------------------------------------- internals
+
+    def _chunk_frames(self) -> int:
+        blocks = self.plan.first_chunk_blocks if self.chunks == 0 else self.plan.chunk_blocks
+        return blocks * self.block
+
+    def _decode(self, end: int, window_end: int, final: bool) -> np.ndarray:
+        start = self.next_frame
+        if end > start:
+            window_start = max(start - self.plan.lookback_blocks * self.block, 0)
+            mel = self._sample(window_start, window_end)
+            new_mel = mel[:, :, start - window_start:end - window_start]
+        else:
+            new_mel = torch.empty((1, self.dit.mel_dim, 0), device=self.device)
+        self.next_frame = end
+        self.chunks += 1
+        return self._vocode(new_mel, final)
+
+    def _sample(self, start: int, end: int) -> torch.Tensor:
+        """Mel (1, mel_dim, end - start) for frames [start, end) — `DiT.sample` with given noise."""
+        self._grow_noise(end)
+        codes = torch.tensor([self.codes[start // self.repeats:end // self.repeats]],
+                             dtype=torch.long, device=self.device)
+        initial = self.noise[:, start:end]
+        speaker = self.cond.unsqueeze(1).repeat(1, end - start, 1)
+        guidance = self.plan.guidance_scale
+
+        def velocity(time_step, state):
+            if self.cancelled():
+                raise Cancelled()
+            if guidance < 1e-5:
+                return self.dit(hidden_states=state, speaker_embedding=speaker,
+                                condition_vector=self.ref_mel, quantized_code=codes,
+                                time_step=time_step, drop_audio_conditioning=False,
+                                drop_code=False, apply_cfg=False)
+            out = self.dit(hidden_states=state, quantized_code=codes, speaker_embedding=speaker,
+                           condition_vector=self.ref_mel, time_step=time_step, apply_cfg=True)
+            guided, unconditioned = torch.chunk(out, 2, dim=0)
+            return guided + (guided - unconditioned) * guidance
+
+        times = torch.linspace(0, 1, self.plan.ode_steps, device=self.device, dtype=torch.float32)
+        if self.plan.sway_coefficient is not None:
+            times += self.plan.sway_coefficient * (torch.cos(torch.pi / 2 * times) - 1 + times)
+        trajectory = RungeKutta4ODESolver(function=velocity, initial_value=initial).integrate(times)
+        return trajectory[-1].permute(0, 2, 1)
+
+    def _vocode(self, new_mel: torch.Tensor, final: bool) -> np.ndarray:
+        overlap = self.plan.vocoder_overlap
+        mel = new_mel if self.tail is None else torch.cat([self.tail, new_mel], dim=2)
+        total = mel.shape[2]
+        if total == 0:
+            return np.zeros(0, dtype=np.float32)
+        emitted_before = (0 if self.tail is None else self.tail.shape[2]) - self.held
+        hold = 0 if final else min(overlap, total - emitted_before)
+        wave = self.vocoder(mel).reshape(-1)
+        first, last = emitted_before * self.samples_per_frame, (total - hold) * self.samples_per_frame
+        self.tail = mel[:, :, max(total - 2 * overlap, 0):]
+        self.held = hold
+        return wave[first:last].float().numpy()
+
+    def _grow_noise(self, frames: int) -> None:
+        missing = frames - self.noise.shape[1]
+        if missing > 0:
+            fresh = torch.randn((1, missing, self.dit.mel_dim), generator=self.generator,
+                                dtype=torch.float32, device=self.generator.device
+                                if self.generator is not None else self.device)
+            self.noise = torch.cat([self.noise, fresh.to(self.device)], dim=1)
