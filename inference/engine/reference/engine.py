@@ -42,6 +42,9 @@ class ReferenceEngine(OmniEngine):
         `max_output_tokens` can only lower it.
       max_audio_seconds: cap on speech per reply (default 60); the talker stops there even
         if it never produces its end code.
+      min_audio_seconds: the talker's end codes are masked until this much speech exists
+        (generate's `talker_min_new_tokens`; default 0). Tests use it: a random talker may
+        end after a few codes.
       max_tool_argument_tokens: length budget of a forced tool call's arguments (default 256).
       ode_steps: token2wav DiT ODE steps per chunk (default 10, as in transformers; fewer is
         faster and rougher).
@@ -59,7 +62,8 @@ class ReferenceEngine(OmniEngine):
 
     def __init__(self, model: str, *, device: str = "auto", dtype: str = "auto",
                  max_concurrency: int | None = None, max_new_tokens: int = 512,
-                 max_audio_seconds: float = 60.0, max_tool_argument_tokens: int = 256,
+                 max_audio_seconds: float = 60.0, min_audio_seconds: float = 0.0,
+                 max_tool_argument_tokens: int = 256,
                  ode_steps: int = 10, first_chunk_blocks: int = 1, chunk_blocks: int = 2,
                  lookahead_blocks: int = 1, lookback_blocks: int = 2, seed: int | None = None,
                  torch_threads: int | None = None, warmup: bool = True) -> None:
@@ -73,6 +77,7 @@ class ReferenceEngine(OmniEngine):
         self.max_concurrency = max_concurrency
         self.settings = GenerationSettings(
             max_new_tokens=max_new_tokens, max_audio_seconds=max_audio_seconds,
+            min_audio_seconds=min_audio_seconds,
             max_tool_argument_tokens=max_tool_argument_tokens, seed=seed,
             chunk_plan=ChunkPlan(first_chunk_blocks=first_chunk_blocks, chunk_blocks=chunk_blocks,
                                  lookahead_blocks=lookahead_blocks, lookback_blocks=lookback_blocks,

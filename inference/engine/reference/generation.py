@@ -40,9 +40,11 @@ logger = logging.getLogger(__name__)
 class GenerationSettings:
     max_new_tokens: int = 512
     max_audio_seconds: float = 60.0
+    min_audio_seconds: float = 0.0
     max_tool_argument_tokens: int = 256
     chunk_plan: ChunkPlan = field(default_factory=ChunkPlan)
     seed: int | None = None
+    talker_sampling: SamplingParams = TALKER_SAMPLING
 
 
 class Generation:
@@ -192,11 +194,12 @@ class Generation:
         samples_per_frame = math.prod(self.model.token2wav.code2wav_bigvgan_model.config.upsample_rates)
         codes_per_second = 24_000 / (dit.repeats * samples_per_frame)
         max_codes = max(1, int(self.settings.max_audio_seconds * codes_per_second))
+        min_codes = min(int(self.settings.min_audio_seconds * codes_per_second), max_codes)
         talker = TalkerRunner(
             self.model.talker, codebook_size=dit.config.num_embeds + 1,
             sampler_factory=lambda suppress: TokenSampler(
-                TALKER_SAMPLING, self.device, suppress_ids=suppress, generator=self.generator),
-            max_codes=max_codes, device=self.device)
+                self.settings.talker_sampling, self.device, suppress_ids=suppress, generator=self.generator),
+            max_codes=max_codes, min_codes=min_codes, device=self.device)
         audio_lengths = None
         if prompt.feature_attention_mask is not None:
             audio_lengths = prompt.feature_attention_mask.sum(dim=1).to(self.device)

@@ -30,11 +30,12 @@ from .sampling import TokenSampler
 
 class TalkerRunner:
     def __init__(self, talker, codebook_size: int, sampler_factory, max_codes: int,
-                 device: torch.device) -> None:
+                 device: torch.device, min_codes: int = 0) -> None:
         config = talker.config
         self.talker = talker
         self.device = device
         self.max_codes = max_codes
+        self.min_codes = min_codes  # end codes are masked until then (generate's min_new_tokens)
         self.codec_bos = config.tts_codec_start_token_id
         self.codec_pad = config.tts_codec_pad_token_id
         self.codec_mask = config.tts_codec_mask_token_id
@@ -93,6 +94,9 @@ class TalkerRunner:
 
     def _next_code(self, logits: torch.Tensor) -> int:
         history = self._history[:, :self._history_len] if self.sampler.needs_history else None
+        if self.codes < self.min_codes:
+            logits = logits.clone()
+            logits[:, sorted(self.end_codes)] = float("-inf")
         code = self.sampler(logits, history)
         self._history[0, self._history_len] = code
         self._history_len += 1

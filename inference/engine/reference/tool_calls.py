@@ -85,8 +85,10 @@ class ToolCallParser:
                 self._in_call = True
                 self.calls_started += 1
                 continue
-            keep = _partial_tag_length(self._pending)
-            keep = max(keep, len(self._pending) - len(self._pending.rstrip()))
+            # hold back a possible tag start and the whitespace before it
+            tag = _partial_tag_length(self._pending)
+            head = self._pending[:len(self._pending) - tag]
+            keep = tag + len(head) - len(head.rstrip())
             self._emit_text(self._pending[:len(self._pending) - keep], out, final=False)
             self._pending = self._pending[len(self._pending) - keep:]
             return out

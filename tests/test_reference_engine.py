@@ -1,0 +1,343 @@
+"""The reference engine on tiny-random, CPU: streaming, cancellation, tools, the model's math.
+
+One engine is started for the module (in a private cache dir, so the tiny model is built
+here, once). Every generation is bounded explicitly: a random talker may never produce its
+end code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import pytest_asyncio
+import torch
+
+from inference.engine import (
+    AssistantText, AudioDelta, Finished, GenerationRequest, TextDelta, ToolCall, ToolCallDelta,
+    ToolResult, ToolSpec, UserAudio, UserText, create_engine,
+)
+from inference.engine.reference import talker as talker_module
+from inference.engine.reference.detokenize import IncrementalDecoder
+from inference.engine.reference.prompt import build_messages, build_prompt
+from inference.engine.reference.sampling import TALKER_SAMPLING
+from inference.engine.reference.tiny import build_tiny_model, ensure_tiny_model
+from inference.engine.reference.tool_calls import ParsedCall, ToolCallParser
+
+asyncio_module = pytest.mark.asyncio(loop_scope="module")
+
+WEATHER = ToolSpec(
+    name="get_weather", description="Current weather for a city.",
+    parameters={
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "days": {"type": "integer"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        },
+        "required": ["city", "days"],
+        "additionalProperties": False,
+    })
+ALARM = ToolSpec(
+    name="set_alarm", description="Set an alarm.",
+    parameters={"type": "object", "properties": {"minutes": {"type": "integer"}},
+                "required": ["minutes"]})
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("omni-cache")
+    previous = os.environ.get("OMNI_CACHE_DIR")
+    os.environ["OMNI_CACHE_DIR"] = str(path)
+    yield path
+    if previous is None:
+        os.environ.pop("OMNI_CACHE_DIR", None)
+    else:
+        os.environ["OMNI_CACHE_DIR"] = previous
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engine(cache_dir):
+    # a random talker may end after a few codes: speech is kept between 1 and 2 seconds
+    engine = create_engine("reference", "tiny-random", seed=7, max_audio_seconds=2.0,
+                           min_audio_seconds=1.0, ode_steps=4, max_new_tokens=64)
+    await engine.start()
+    yield engine
+    await engine.close()
+
+
+def speech(seconds: float = 1.0, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (rng.normal(0, 0.1, int(16_000 * seconds))).astype(np.float32)
+
+
+def request(context=None, **fields) -> GenerationRequest:
+    context = context if context is not None else [UserAudio(speech()), UserText("Hello!")]
+    return GenerationRequest(request_id="test", instructions="Answer briefly.", context=context,
+                             **fields)
+
+
+async def collect(engine, req: GenerationRequest) -> list:
+    return [delta async for delta in engine.generate(req)]
+
+
+def audio_of(deltas) -> np.ndarray:
+    chunks = [d.audio for d in deltas if isinstance(d, AudioDelta)]
+    return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
+
+
+# --------------------------------------------------------------------------- the model
+
+def test_tiny_build_is_deterministic(cache_dir, tmp_path):
+    cached = ensure_tiny_model()
+    rebuilt = tmp_path / "again"
+    build_tiny_model(rebuilt)
+    for name in ("model.safetensors", "tokenizer.json", "config.json", "chat_template.jinja"):
+        assert (cached / name).read_bytes() == (rebuilt / name).read_bytes(), name
+    first, second = torch.load(cached / "spk_dict.pt"), torch.load(rebuilt / "spk_dict.pt")
+    assert set(first) == set(second) == {"Chelsie", "Ethan"}
+    for voice in first:
+        assert torch.equal(first[voice]["cond"], second[voice]["cond"])
+        assert torch.equal(first[voice]["ref_mel"], second[voice]["ref_mel"])
+
+
+@asyncio_module
+async def test_streamed_reply_matches_offline_generate(engine, monkeypatch):
+    """Same text tokens and same talker codes as transformers' monolithic generate()
+    (greedy talker, so both are deterministic)."""
+    greedy = dataclasses.replace(TALKER_SAMPLING, do_sample=False)
+    monkeypatch.setattr(engine, "settings",
+                        dataclasses.replace(engine.settings, talker_sampling=greedy))
+    codes: list[int] = []
+    original = talker_module.TalkerRunner._next_code
+
+    def record(self, logits):
+        codes.append(original(self, logits))
+        return codes[-1]
+
+    monkeypatch.setattr(talker_module.TalkerRunner, "_next_code", record)
+    req = request(max_output_tokens=10)
+    deltas = await collect(engine, req)
+    streamed_text = "".join(d.text for d in deltas if isinstance(d, TextDelta))
+    assert len(codes) > 12
+
+    model, processor = engine.loaded.model, engine.loaded.processor
+    config = model.talker.config
+    end_codes = [config.tts_codec_pad_token_id, config.tts_codec_end_token_id]
+    codebook = model.token2wav.code2wav_dit_model.config.num_embeds + 1
+    unusable = [[c] for c in range(codebook, config.vocab_size)
+                if c not in (*end_codes, config.tts_codec_start_token_id)]
+    offline_codes: list[int] = []
+
+    def fake_token2wav(code, **_):
+        offline_codes.extend(code[0].tolist())
+        return torch.zeros(1)
+
+    monkeypatch.setattr(model.token2wav, "forward", fake_token2wav)
+    prompt = build_prompt(processor, req)
+    sequences, _ = model.generate(
+        input_ids=prompt.input_ids, attention_mask=torch.ones_like(prompt.input_ids),
+        input_features=prompt.input_features, feature_attention_mask=prompt.feature_attention_mask,
+        speaker="Chelsie", thinker_max_new_tokens=10, talker_max_new_tokens=len(codes),
+        talker_min_new_tokens=min(len(codes), 50),  # as the fixture's min_audio_seconds
+        talker_do_sample=False, talker_eos_token_id=end_codes, talker_bad_words_ids=unusable)
+    offline_text = processor.tokenizer.decode(
+        sequences[0, prompt.input_ids.shape[1]:], skip_special_tokens=True)
+    assert streamed_text == offline_text
+    assert [c for c in codes if c not in end_codes] == offline_codes
+
+
+# --------------------------------------------------------------------------- streaming
+
+@asyncio_module
+async def test_audio_streams_while_text_is_still_coming(engine):
+    deltas = await collect(engine, request(max_output_tokens=60))
+    kinds = [type(d).__name__ for d in deltas]
+    assert kinds[-1] == "Finished" and kinds.count("Finished") == 1
+    assert kinds.count("AudioDelta") >= 2
+    first_audio = kinds.index("AudioDelta")
+    last_text = len(kinds) - 1 - kinds[::-1].index("TextDelta")
+    assert first_audio < last_text
+    finished = deltas[-1]
+    assert finished.timings["first_audio_s"] < finished.timings["total_s"]
+
+
+@asyncio_module
+async def test_audio_is_24khz_float32(engine):
+    deltas = await collect(engine, request(max_output_tokens=30))
+    audio = audio_of(deltas)
+    finished = deltas[-1]
+    assert audio.dtype == np.float32 and audio.ndim == 1 and len(audio) > 0
+    assert np.all(np.isfinite(audio)) and np.abs(audio).max() <= 1.0
+    assert finished.timings["audio_s"] == pytest.approx(len(audio) / 24_000)
+    # each codec code is 2 mel frames of 240 samples
+    assert len(audio) == finished.output_audio_tokens * 480
+    assert finished.input_audio_tokens == 25  # 1 s of input audio
+    for key in ("queue_wait_s", "first_text_s", "first_audio_s", "total_s", "audio_s"):
+        assert finished.timings[key] >= 0
+
+
+@asyncio_module
+async def test_audio_length_is_bounded(engine):
+    deltas = await collect(engine, request(max_output_tokens=64))
+    assert len(audio_of(deltas)) <= 2.0 * 24_000  # max_audio_seconds of the fixture
+
+
+@asyncio_module
+async def test_text_only_reply_has_no_audio(engine):
+    deltas = await collect(engine, request(modalities=("text",), max_output_tokens=20))
+    assert not any(isinstance(d, AudioDelta) for d in deltas)
+    assert any(isinstance(d, TextDelta) for d in deltas)
+    finished = deltas[-1]
+    assert finished.output_audio_tokens == 0 and finished.timings["audio_s"] == 0
+
+
+@asyncio_module
+async def test_max_output_tokens_bounds_the_reply(engine):
+    finished = (await collect(engine, request(max_output_tokens=5)))[-1]
+    assert 1 <= finished.output_text_tokens <= 5
+    assert finished.reason in ("length", "stop")
+
+
+@asyncio_module
+async def test_cancel_stops_the_worker_within_a_step(engine):
+    generation = engine.generate(request(max_output_tokens=64))
+    async for delta in generation:
+        if isinstance(delta, AudioDelta):
+            break
+    steps_at_cancel = engine.decode_steps
+    await generation.aclose()
+    for _ in range(300):
+        if engine.active_generations == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert engine.active_generations == 0
+    assert engine.decode_steps - steps_at_cancel <= 1
+    stopped_at = engine.decode_steps
+    await asyncio.sleep(0.2)
+    assert engine.decode_steps == stopped_at
+    # the engine is free again
+    assert isinstance((await collect(engine, request(max_output_tokens=3)))[-1], Finished)
+
+
+# --------------------------------------------------------------------------- conversation
+
+def test_conversation_renders_turns_and_tools(engine):
+    req = request(
+        context=[UserText("Weather in Paris?"),
+                 AssistantText("Let me check."),
+                 ToolCall("call_1", "get_weather", '{"city": "Paris", "days": 1}'),
+                 ToolResult("call_1", '{"temp": 21}'),
+                 UserAudio(speech(0.5))],
+        tools=[WEATHER])
+    messages, audios = build_messages(req)
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "user"]
+    assert len(audios) == 1
+    text = engine.loaded.processor.apply_chat_template(
+        messages, tools=[{"type": "function", "function": dataclasses.asdict(WEATHER)}],
+        add_generation_prompt=True, tokenize=False)
+    assert "Answer briefly." in text and "# Tools" in text and '"name": "get_weather"' in text
+    assert ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": '
+            '{"city": "Paris", "days": 1}}\n</tool_call><|im_end|>') in text
+    assert '<|im_start|>user\n<tool_response>\n{"temp": 21}\n</tool_response><|im_end|>' in text
+    assert text.endswith("<|audio_bos|><|AUDIO|><|audio_eos|><|im_end|>\n<|im_start|>assistant\n")
+
+
+@asyncio_module
+async def test_longer_conversation_gives_a_longer_prompt(engine):
+    short = request(context=[UserText("Hi")], max_output_tokens=2, modalities=("text",))
+    long = request(context=[UserText("Hi"), AssistantText("Hello, how can I help?"),
+                            UserAudio(speech(1.0)), UserText("Book a table.")],
+                   max_output_tokens=2, modalities=("text",))
+    short_tokens = (await collect(engine, short))[-1].input_tokens
+    long_finished = (await collect(engine, long))[-1]
+    assert long_finished.input_tokens > short_tokens + 25
+    assert long_finished.input_audio_tokens == 25
+
+
+def test_unknown_voice_falls_back_to_the_default(engine):
+    assert engine.voices == ("Chelsie", "Ethan")
+    assert engine._voice("marin") == "Chelsie"
+    assert engine._voice("ethan") == "Ethan"
+
+
+def test_incremental_decoding_joins_to_the_full_text(engine):
+    tokenizer = engine.loaded.processor.tokenizer
+    ids = tokenizer.encode("Grüße, 東京! The café opens at 9:30 😀.", add_special_tokens=False)
+    decoder = IncrementalDecoder(tokenizer)
+    pieces = [decoder.push(i) for i in ids] + [decoder.flush()]
+    assert "".join(pieces) == tokenizer.decode(ids)
+    assert not any("\ufffd" in piece for piece in pieces)
+
+
+# --------------------------------------------------------------------------- tool calls
+
+def test_tool_calls_are_parsed_out_of_the_transcript():
+    text = ('Sure, checking. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}'
+            '\n</tool_call>\n<tool_call>\n{"name": "set_alarm", "arguments": "{\\"minutes\\": 5}"}'
+            '\n</tool_call>\n<tool_call>\nnot json\n</tool_call> Done.')
+    parser = ToolCallParser()
+    items = []
+    for char in text:  # one character at a time: tags arrive split
+        items += parser.feed(char)
+    items += parser.finish()
+    transcript = "".join(i for i in items if isinstance(i, str))
+    calls = [i for i in items if isinstance(i, ParsedCall)]
+    assert transcript == "Sure, checking.Done."
+    assert "<" not in transcript
+    assert [c.name for c in calls] == ["get_weather", "set_alarm"]
+    assert json.loads(calls[0].arguments) == {"city": "Paris"}
+    assert json.loads(calls[1].arguments) == {"minutes": 5}
+    assert len({c.call_id for c in calls}) == 2
+
+
+def test_unterminated_tool_call_at_the_end_is_still_parsed():
+    parser = ToolCallParser()
+    items = parser.feed('<tool_call>\n{"name": "set_alarm", "arguments": {"minutes": 1}}')
+    items += parser.finish()
+    assert [(c.name, json.loads(c.arguments)) for c in items] == [("set_alarm", {"minutes": 1})]
+
+
+def assert_weather_arguments(arguments: str) -> None:
+    args = json.loads(arguments)
+    assert set(args) <= {"city", "days", "unit"} and {"city", "days"} <= set(args)
+    assert isinstance(args["city"], str)
+    assert isinstance(args["days"], int) and not isinstance(args["days"], bool)
+    assert args.get("unit", "celsius") in ("celsius", "fahrenheit")
+
+
+@asyncio_module
+async def test_forced_tool_call_yields_schema_valid_arguments(engine):
+    deltas = await collect(engine, request(tools=[WEATHER, ALARM], tool_choice="get_weather",
+                                           max_output_tokens=64))
+    calls = [d for d in deltas if isinstance(d, ToolCallDelta)]
+    assert len(calls) == 1 and calls[0].name == "get_weather"
+    assert_weather_arguments(calls[0].arguments)
+    assert not any(isinstance(d, (AudioDelta, TextDelta)) for d in deltas)
+    assert deltas[-1].reason == "tool_calls"
+
+
+@asyncio_module
+async def test_forced_call_with_a_tiny_budget_still_closes_the_json(engine):
+    deltas = await collect(engine, request(tools=[WEATHER], tool_choice="required",
+                                           max_output_tokens=4))
+    call = next(d for d in deltas if isinstance(d, ToolCallDelta))
+    assert call.name == "get_weather"
+    assert_weather_arguments(call.arguments)
+
+
+@asyncio_module
+async def test_required_tool_choice_picks_one_of_several_tools(engine):
+    deltas = await collect(engine, request(tools=[WEATHER, ALARM], tool_choice="required",
+                                           max_output_tokens=64))
+    call = next(d for d in deltas if isinstance(d, ToolCallDelta))
+    assert call.name in ("get_weather", "set_alarm")
+    if call.name == "get_weather":
+        assert_weather_arguments(call.arguments)
+    else:
+        assert isinstance(json.loads(call.arguments)["minutes"], int)
