@@ -45,7 +45,8 @@ REPLAY_APPEND_BYTES = 5 * audio.INPUT_SAMPLE_RATE * 2  # 5 s per append (the wor
 # just finished): logged, not reported.
 RACE_ERROR_CODES = frozenset({"response_cancel_not_active"})
 
-ServerEvents = Literal["omni_server_event_received"]
+# raw wire events, for debugging and tests (audio appends are not reported)
+ServerEvents = Literal["omni_server_event_received", "omni_client_event_queued"]
 
 
 @dataclass
@@ -307,8 +308,11 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
     # ================================================================== sending
 
     def _send(self, item: wire.Event | bytes) -> None:
-        with contextlib.suppress(utils.aio.ChanClosed):
-            self._outbox.send_nowait(item)
+        if self._outbox.closed:
+            return
+        if isinstance(item, dict):
+            self.emit("omni_client_event_queued", item)
+        self._outbox.send_nowait(item)
 
     async def _send_now(self, ws: aiohttp.ClientWebSocketResponse, item: wire.Event | bytes) -> None:
         """Write one event to the socket, noting what the worker now holds."""

@@ -1,0 +1,584 @@
+"""The provider's RealtimeSession against the real gateway, checked at the engine.
+
+The worker here is the real aiohttp app on a real socket, over `ScriptedEngine` (a test
+double that records every request), so each test can assert what the model would actually
+be given: the audio at 16 kHz, the context after truncation, cancellation, a replay after
+reconnection. The same behaviour inside an AgentSession on the real model is covered by
+test_provider_agent.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from inference import engine as eng
+from inference.config import Limits, WorkerSettings
+from inference.server import Worker
+from livekit import rtc
+from livekit.agents import APIConnectOptions, llm
+from provider import RealtimeModel, RealtimeSession
+from tests.support.scripted_engine import ScriptedEngine
+
+KEY = "gateway-key"
+PORTS = range(18200, 18300)  # this suite's port range
+
+
+def free_port() -> int:
+    for port in PORTS:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 18200-18299")
+
+
+class Gateway:
+    """The worker's app over a ScriptedEngine, stoppable and restartable on the same port."""
+
+    def __init__(self, engine: ScriptedEngine | None = None, **limits: Any) -> None:
+        self.port = free_port()
+        self.limits = limits
+        self.engine = engine or ScriptedEngine()
+        self.server: TestServer | None = None
+        self.worker: Worker | None = None
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/realtime"
+
+    async def start(self) -> None:
+        self.worker = Worker(WorkerSettings(api_key=KEY, limits=Limits(**self.limits)), self.engine)
+        self.worker.state = "ready"
+        self.server = TestServer(self.worker.app, host="127.0.0.1", port=self.port)
+        await self.server.start_server()
+
+    async def stop(self) -> None:
+        """As the worker does on SIGTERM: close every session (code 1001), then stop listening."""
+        if self.server is not None:
+            await self.worker.drain()
+            await self.server.close()
+            self.server = None
+
+
+@pytest.fixture
+async def gateway():
+    gw = Gateway(ScriptedEngine(words=5, step_s=0.01))
+    await gw.start()
+    yield gw
+    await gw.stop()
+
+
+class Recorder:
+    """What a session emits and queues, for assertions."""
+
+    def __init__(self, session: RealtimeSession) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.received: list[dict[str, Any]] = []
+        self.errors: list[llm.RealtimeModelError] = []
+        self.metrics: list[Any] = []
+        self.generations: list[llm.GenerationCreatedEvent] = []
+        self.reconnected = asyncio.Event()
+        session.on("omni_client_event_queued", self.sent.append)
+        session.on("omni_server_event_received", self.received.append)
+        session.on("error", self.errors.append)
+        session.on("metrics_collected", lambda m: m.request_id and self.metrics.append(m))
+        session.on("generation_created", self.generations.append)
+        session.on("session_reconnected", lambda _: self.reconnected.set())
+
+    def sent_types(self) -> list[str]:
+        return [e["type"] for e in self.sent]
+
+    async def wait_received(self, event_type: str, timeout: float = 10, **match: Any) -> dict[str, Any]:
+        async def poll() -> dict[str, Any]:
+            while True:
+                for event in self.received:
+                    if event["type"] == event_type and all(event.get(k) == v for k, v in match.items()):
+                        return event
+                await asyncio.sleep(0.01)
+
+        return await asyncio.wait_for(poll(), timeout)
+
+
+@pytest.fixture
+async def open_session(gateway):
+    opened: list[tuple[RealtimeModel, RealtimeSession]] = []
+
+    def open_(**options: Any) -> tuple[RealtimeSession, Recorder]:
+        model = RealtimeModel(url=gateway.url, api_key=KEY, **options)
+        session = model.session()
+        opened.append((model, session))
+        return session, Recorder(session)
+
+    yield open_
+    for model, session in opened:
+        await session.aclose()
+        await model.aclose()
+
+
+def room_frames(seconds: float, *, rate: int = 24000, frame_ms: int = 20, value: int = 1000) -> list[rtc.AudioFrame]:
+    """What a room track gives the session: 24 kHz mono frames of 20 ms (a steady tone)."""
+    n = rate * frame_ms // 1000
+    t = np.arange(int(seconds * rate)) / rate
+    pcm = (value * np.sin(2 * np.pi * 220 * t)).astype(np.int16)
+    return [rtc.AudioFrame(pcm[i:i + n].tobytes(), rate, 1, n) for i in range(0, len(pcm) - n + 1, n)]
+
+
+async def speak(session: RealtimeSession, seconds: float) -> None:
+    for frame in room_frames(seconds):
+        session.push_audio(frame)
+    session.commit_audio()
+
+
+async def read_generation(generation: llm.GenerationCreatedEvent) -> tuple[list[tuple[str, str, list[rtc.AudioFrame]]], list[llm.FunctionCall]]:
+    """Drain every stream of a generation (they must all end)."""
+    messages = []
+    async for message in generation.message_stream:
+        text, frames = await asyncio.gather(_join(message.text_stream), _collect(message.audio_stream))
+        messages.append((message.message_id, text, frames))
+    calls = [call async for call in generation.function_stream]
+    return messages, calls
+
+
+async def _join(stream) -> str:
+    return "".join([t async for t in stream])
+
+
+async def _collect(stream) -> list:
+    return [x async for x in stream]
+
+
+def context_kinds(request: eng.GenerationRequest) -> list[str]:
+    return [type(item).__name__ for item in request.context]
+
+
+# --------------------------------------------------------------------------- turns
+
+
+async def test_spoken_turn_is_sent_at_16k_and_reply_streams_at_24k(gateway, open_session):
+    session, rec = open_session()
+    await speak(session, 1.0)
+    generation = await asyncio.wait_for(session.generate_reply(), 10)
+    assert generation.user_initiated
+    messages, calls = await asyncio.wait_for(read_generation(generation), 10)
+
+    request = gateway.engine.requests[-1]
+    assert context_kinds(request) == ["UserAudio"]
+    heard = request.context[0].audio
+    assert abs(heard.size - 16000) <= 160  # one second, resampled from 24 kHz, within 10 ms
+    assert np.abs(heard).max() > 0.02  # the tone, not silence
+
+    assert calls == []
+    [(message_id, text, frames)] = messages
+    assert text == "word0 word1 word2 word3 word4 "
+    assert {f.sample_rate for f in frames} == {24000}
+    assert sum(f.samples_per_channel for f in frames) == 5 * 4800
+
+    # the mirror holds the spoken turn as the audio that was sent, and the reply's text
+    user, assistant = session.chat_ctx.items
+    assert isinstance(user.content[0], llm.AudioContent)
+    assert user.content[0].frame[0].sample_rate == 16000
+    assert user.content[0].frame[0].samples_per_channel == heard.size
+    assert (assistant.id, assistant.role, assistant.content) == (message_id, "assistant", [text])
+
+    [metrics] = rec.metrics
+    assert metrics.request_id == generation.response_id
+    assert not metrics.cancelled
+    assert metrics.output_tokens == 5 + 50 and metrics.input_tokens == 10
+    assert metrics.ttft >= 0 and metrics.duration >= metrics.ttft
+
+
+async def test_session_update_carries_16k_input_no_turn_detection_and_voice(gateway, open_session):
+    session, rec = open_session(voice="Ethan")
+    updated = await rec.wait_received("session.updated")
+    config = updated["session"]
+    assert config["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 16000}
+    assert config["audio"]["input"]["turn_detection"] is None
+    assert config["audio"]["output"]["voice"] == "Ethan"
+
+
+async def test_short_audio_is_not_committed(gateway, open_session):
+    session, rec = open_session()
+    await speak(session, 0.06)  # under the worker's 100 ms minimum
+    await speak(session, 0.5)  # the next turn carries both
+    await rec.wait_received("input_audio_buffer.committed")
+    assert rec.sent_types().count("input_audio_buffer.commit") == 1
+    assert rec.errors == []
+
+
+async def test_clear_audio_drops_the_turn(gateway, open_session):
+    session, rec = open_session()
+    for frame in room_frames(0.5):
+        session.push_audio(frame)
+    session.clear_audio()
+    await speak(session, 0.3)
+    generation = await asyncio.wait_for(session.generate_reply(), 10)
+    await read_generation(generation)
+    heard = gateway.engine.requests[-1].context[0].audio
+    assert abs(heard.size - 0.3 * 16000) <= 160
+
+
+async def test_instructions_and_tools_reach_the_engine_and_unchanged_updates_are_not_sent(gateway, open_session):
+    session, rec = open_session()
+
+    @llm.function_tool
+    async def lookup(city: str) -> str:
+        """Look a city up."""
+        return city
+
+    await session.update_instructions("Be brief.")
+    await session.update_tools([lookup])
+    await session.update_instructions("Be brief.")
+    await session.update_tools([lookup])
+    assert rec.sent_types().count("session.update") == 2
+    assert [t.id for t in session.tools.flatten()] == ["lookup"]
+
+    await speak(session, 0.3)
+    await read_generation(await session.generate_reply(instructions="Say hi."))
+    request = gateway.engine.requests[-1]
+    assert request.instructions == "Be brief.\nSay hi."  # a response's instructions replace the session's
+    assert [t.name for t in request.tools] == ["lookup"]
+    assert request.tools[0].parameters["properties"]["city"]["type"] == "string"
+
+
+async def test_update_chat_ctx_sends_a_diff(gateway, open_session):
+    session, rec = open_session()
+    ctx = llm.ChatContext()
+    ctx.add_message(role="system", content="Speak French.")
+    first = ctx.add_message(role="user", content="Bonjour")
+    call = llm.FunctionCall(call_id="call_1", name="lookup", arguments='{"city": "Paris"}')
+    ctx.insert(call)
+    ctx.insert(llm.FunctionCallOutput(call_id="call_1", name="lookup", output="sunny", is_error=False))
+    await session.update_chat_ctx(ctx)
+    assert [i.id for i in session.chat_ctx.items] == [i.id for i in ctx.items]
+
+    ctx.items.remove(first)
+    ctx.add_message(role="user", content="Merci")
+    sent_before = len(rec.sent)
+    await session.update_chat_ctx(ctx)
+    assert [e["type"] for e in rec.sent[sent_before:]] == ["conversation.item.delete", "conversation.item.create"]
+
+    await read_generation(await session.generate_reply())
+    context = gateway.engine.requests[-1].context
+    assert [type(i).__name__ for i in context] == ["SystemText", "ToolCall", "ToolResult", "UserText"]
+    assert context[1].arguments == '{"city": "Paris"}' and context[2].output == "sunny"
+    assert context[3].text == "Merci"
+
+
+async def test_user_audio_in_a_chat_context_is_sent_as_16k_audio(gateway, open_session):
+    session, _ = open_session()
+    ctx = llm.ChatContext()
+    ctx.add_message(role="user", content=[llm.AudioContent(frame=room_frames(0.5, rate=48000))])
+    await session.update_chat_ctx(ctx)
+    await read_generation(await session.generate_reply())
+    [user_audio] = gateway.engine.requests[-1].context
+    assert abs(user_audio.audio.size - 8000) <= 160
+
+
+# --------------------------------------------------------------------------- interruption
+
+
+async def test_interrupt_cancels_on_the_worker_once(open_session):
+    gateway_engine = ScriptedEngine(words=200, step_s=0.02)
+    gw = Gateway(gateway_engine)
+    await gw.start()
+    try:
+        model = RealtimeModel(url=gw.url, api_key=KEY)
+        session = model.session()
+        rec = Recorder(session)
+        await speak(session, 0.3)
+        generation = await session.generate_reply()
+        message = await generation.message_stream.__anext__()
+        await message.audio_stream.__anext__()  # the reply is playing
+        session.interrupt()
+        session.interrupt()
+        frames = await asyncio.wait_for(_collect(message.audio_stream), 5)  # ends promptly
+        assert len(frames) < 199
+        await asyncio.wait_for(_collect(generation.message_stream), 5)
+        done = await rec.wait_received("response.done")
+        assert done["response"]["status"] == "cancelled"
+        assert rec.sent_types().count("response.cancel") == 1
+        assert rec.metrics[0].cancelled and rec.metrics[0].request_id == generation.response_id
+        session.interrupt()  # nothing in progress: nothing sent
+        await asyncio.sleep(0.1)
+        assert rec.sent_types().count("response.cancel") == 1
+        assert rec.errors == []
+        await session.aclose()
+        await model.aclose()
+    finally:
+        await gw.stop()
+
+
+async def test_truncate_keeps_what_was_heard(gateway, open_session):
+    session, rec = open_session()
+    await speak(session, 0.3)
+    generation = await session.generate_reply()
+    [(message_id, text, frames)], _ = await read_generation(generation)
+    heard = "word0 word1"
+    session.truncate(message_id=message_id, modalities=["audio", "text"], audio_end_ms=400, audio_transcript=heard)
+    truncated = await rec.wait_received("conversation.item.truncated")
+    assert truncated["audio_end_ms"] == 400
+    assert session.chat_ctx.items[-1].content == [heard]
+
+    await read_generation(await session.generate_reply())
+    context = gateway.engine.requests[-1].context
+    assert [type(i).__name__ for i in context] == ["UserAudio", "AssistantText"]
+    assert context[1].text == heard
+
+
+async def test_truncate_is_clamped_to_the_audio_received(gateway, open_session):
+    session, rec = open_session()
+    await speak(session, 0.3)
+    [(message_id, _, frames)], _ = await read_generation(await session.generate_reply())
+    received_ms = sum(f.samples_per_channel for f in frames) * 1000 // 24000
+    session.truncate(message_id=message_id, modalities=["audio", "text"], audio_end_ms=received_ms + 250)
+    truncated = await rec.wait_received("conversation.item.truncated")
+    assert truncated["audio_end_ms"] == received_ms
+    assert rec.errors == []
+
+
+async def test_truncate_at_zero_deletes_the_unheard_reply(gateway, open_session):
+    session, rec = open_session()
+    await speak(session, 0.3)
+    [(message_id, _, _)], _ = await read_generation(await session.generate_reply())
+    session.truncate(message_id=message_id, modalities=["audio", "text"], audio_end_ms=0, audio_transcript="")
+    await rec.wait_received("conversation.item.deleted", item_id=message_id)
+    assert [i.role for i in session.chat_ctx.items] == ["user"]
+    await read_generation(await session.generate_reply())
+    assert context_kinds(gateway.engine.requests[-1]) == ["UserAudio"]
+
+
+async def test_cancelled_generate_reply_is_cancelled_and_forgotten_on_the_worker(gateway, open_session):
+    session, rec = open_session()
+    await speak(session, 0.3)
+    future = session.generate_reply()
+    future.cancel()  # before the worker could create it
+    done = await rec.wait_received("response.done")
+    assert done["response"]["status"] == "cancelled"
+    item_id = done["response"]["output"][0]["id"] if done["response"]["output"] else None
+    if item_id is not None:
+        await rec.wait_received("conversation.item.deleted", item_id=item_id)
+    assert rec.generations == []
+    assert [i.role for i in session.chat_ctx.items] == ["user"]
+
+
+async def test_generate_reply_fails_with_the_workers_error(gateway, open_session):
+    gateway.engine.step_s = 0.05
+    session, _ = open_session()
+    await speak(session, 0.3)
+    first = await session.generate_reply()
+    with pytest.raises(llm.RealtimeError) as err:
+        await asyncio.wait_for(session.generate_reply(), 5)
+    assert err.value.code == "conversation_already_has_active_response"
+    await read_generation(first)
+
+
+async def test_generate_reply_times_out_when_the_worker_is_silent():
+    async def mute_worker(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for _ in ws:
+            pass  # reads everything, answers nothing
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/v1/realtime", mute_worker)
+    server = TestServer(app, host="127.0.0.1", port=free_port())
+    await server.start_server()
+    model = RealtimeModel(url=f"ws://127.0.0.1:{server.port}/v1/realtime", reply_timeout=0.3)
+    session = model.session()
+    try:
+        with pytest.raises(llm.RealtimeError, match="no response from the omni worker"):
+            await session.generate_reply()
+    finally:
+        await session.aclose()
+        await model.aclose()
+        await server.close()
+
+
+# --------------------------------------------------------------------------- tools
+
+
+async def test_tool_call_comes_through_function_stream_and_its_output_goes_back(gateway, open_session):
+    gateway.engine.tool_call = eng.ToolCallDelta(call_id="call_9", name="lookup", arguments='{"city": "Oslo"}')
+    session, _ = open_session()
+
+    @llm.function_tool
+    async def lookup(city: str) -> str:
+        """Look a city up."""
+        return city
+
+    await session.update_tools([lookup])
+    await speak(session, 0.3)
+    generation = await session.generate_reply(tool_choice={"type": "function", "function": {"name": "lookup"}})
+    messages, [call] = await asyncio.wait_for(read_generation(generation), 10)
+    assert messages == []
+    assert (call.call_id, call.name, call.arguments) == ("call_9", "lookup", '{"city": "Oslo"}')
+    assert session.chat_ctx.items[-1].arguments == '{"city": "Oslo"}'
+
+    # the framework adds the output to the mirror's copy and asks for the follow-up reply
+    ctx = session.chat_ctx.copy()
+    ctx.insert(llm.FunctionCallOutput(call_id="call_9", name="lookup", output="Oslo: rain", is_error=False))
+    await session.update_chat_ctx(ctx)
+    gateway.engine.tool_call = None
+    await read_generation(await session.generate_reply(tool_choice="auto"))
+    assert context_kinds(gateway.engine.requests[-1]) == ["UserAudio", "ToolCall", "ToolResult"]
+    assert gateway.engine.requests[-2].tool_choice == "lookup"
+
+
+# --------------------------------------------------------------------------- reconnection
+
+
+async def test_reconnect_replays_the_conversation(gateway, open_session):
+    session, rec = open_session(conn_options=APIConnectOptions(max_retry=20, retry_interval=0.05, timeout=2))
+
+    @llm.function_tool
+    async def lookup(city: str) -> str:
+        """Look a city up."""
+        return city
+
+    await session.update_instructions("Be brief.")
+    await session.update_tools([lookup])
+    await speak(session, 0.5)
+    [(message_id, text, _)], _ = await read_generation(await session.generate_reply())
+    before = [(i.id, i.role) for i in session.chat_ctx.items]
+    first_audio = gateway.engine.requests[-1].context[0].audio
+
+    await gateway.stop()  # the worker goes away
+    await asyncio.sleep(0.3)
+    await gateway.start()  # and comes back, empty
+    await asyncio.wait_for(rec.reconnected.wait(), 10)
+    assert any(e.recoverable for e in rec.errors) and not any(not e.recoverable for e in rec.errors)
+
+    await speak(session, 0.3)
+    await read_generation(await asyncio.wait_for(session.generate_reply(), 10))
+    request = gateway.engine.requests[-1]
+    assert request.instructions == "Be brief." and [t.name for t in request.tools] == ["lookup"]
+    assert context_kinds(request) == ["UserAudio", "AssistantText", "UserAudio"]
+    np.testing.assert_array_equal(request.context[0].audio, first_audio)  # the same audio, replayed
+    assert request.context[1].text == text
+    assert [(i.id, i.role) for i in session.chat_ctx.items][:2] == before
+
+
+async def test_reconnect_replays_an_open_turn(gateway, open_session):
+    session, rec = open_session(conn_options=APIConnectOptions(max_retry=20, retry_interval=0.05, timeout=2))
+    for frame in room_frames(0.5):
+        session.push_audio(frame)
+    await rec.wait_received("session.updated")
+    await asyncio.sleep(0.2)  # appended, not committed
+    await gateway.stop()
+    await gateway.start()
+    await asyncio.wait_for(rec.reconnected.wait(), 10)
+    session.commit_audio()
+    await read_generation(await session.generate_reply())
+    heard = gateway.engine.requests[-1].context[0].audio
+    assert abs(heard.size - 8000) <= 160
+
+
+async def test_gives_up_after_max_retry_with_one_unrecoverable_error(gateway, open_session):
+    session, rec = open_session(conn_options=APIConnectOptions(max_retry=2, retry_interval=0.05, timeout=1))
+    await rec.wait_received("session.updated")
+    await gateway.stop()
+    for _ in range(100):
+        if any(not e.recoverable for e in rec.errors):
+            break
+        await asyncio.sleep(0.05)
+    # the loss and the first retry are reported as recoverable, the last retry gives up
+    assert [e.recoverable for e in rec.errors] == [True, True, False]
+    assert "gave up" in str(rec.errors[-1].error)
+    with pytest.raises(llm.RealtimeError):
+        await session.generate_reply()
+
+
+# --------------------------------------------------------------------------- connection errors
+
+
+def test_bad_url_is_refused_up_front():
+    with pytest.raises(ValueError, match="invalid omni worker URL"):
+        RealtimeModel(url="127.0.0.1:8000")
+    with pytest.raises(ValueError, match="port"):
+        RealtimeModel(url="ws://localhost:80a/v1/realtime")
+
+
+def test_url_forms(monkeypatch):
+    assert RealtimeModel(url="http://h:1").url == "ws://h:1/v1/realtime"
+    assert RealtimeModel(url="https://h/v1").url == "wss://h/v1/realtime"
+    monkeypatch.setenv("OMNI_URL", "ws://env:9/v1/realtime")
+    assert RealtimeModel().url == "ws://env:9/v1/realtime"
+
+
+async def _first_error(session: RealtimeSession, timeout: float = 10) -> llm.RealtimeModelError:
+    errors: asyncio.Queue[llm.RealtimeModelError] = asyncio.Queue()
+    session.on("error", errors.put_nowait)
+    return await asyncio.wait_for(errors.get(), timeout)
+
+
+async def test_wrong_key_is_a_clear_unrecoverable_error(gateway):
+    model = RealtimeModel(url=gateway.url, api_key="wrong")
+    session = model.session()
+    try:
+        error = await _first_error(session)
+        assert not error.recoverable
+        assert "rejected the API key" in str(error.error) and "invalid_api_key" in str(error.error)
+    finally:
+        await session.aclose()
+        await model.aclose()
+
+
+async def test_wrong_path_is_a_clear_unrecoverable_error(gateway):
+    model = RealtimeModel(url=f"ws://127.0.0.1:{gateway.port}/v2/nowhere", api_key=KEY)
+    session = model.session()
+    try:
+        error = await _first_error(session)
+        assert not error.recoverable and "should end in /v1/realtime" in str(error.error)
+    finally:
+        await session.aclose()
+        await model.aclose()
+
+
+async def test_unreachable_worker_is_retried_then_given_up():
+    url = f"ws://127.0.0.1:{free_port()}/v1/realtime"  # nobody listens
+    model = RealtimeModel(url=url, conn_options=APIConnectOptions(max_retry=1, retry_interval=0.01, timeout=1))
+    session = model.session()
+    errors: list[llm.RealtimeModelError] = []
+    session.on("error", errors.append)
+    try:
+        for _ in range(100):
+            if len(errors) == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert [e.recoverable for e in errors] == [True, False]
+        assert "cannot reach the omni worker" in str(errors[0].error)
+    finally:
+        await session.aclose()
+        await model.aclose()
+
+
+async def test_worker_at_capacity_is_retried_until_a_slot_frees():
+    gw = Gateway(max_sessions=1)
+    await gw.start()
+    http = aiohttp.ClientSession()
+    occupant = await http.ws_connect(gw.url, headers={"Authorization": f"Bearer {KEY}"})
+    model = RealtimeModel(url=gw.url, api_key=KEY,
+                          conn_options=APIConnectOptions(max_retry=50, retry_interval=0.05, timeout=1))
+    session = model.session()
+    rec = Recorder(session)
+    try:
+        error = await _first_error(session)
+        assert error.recoverable and "at capacity" in str(error.error)
+        await occupant.close()
+        await rec.wait_received("session.updated")
+    finally:
+        await session.aclose()
+        await model.aclose()
+        await http.close()
+        await gw.stop()
