@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -44,6 +45,18 @@ class Service:
     ready_log: str | None = None  # ready when an output line matches this regex
     ready_timeout_s: float = 120.0
     stop_timeout_s: float = 15.0
+    tcp_ports: tuple[int, ...] = ()  # must be free before it starts (else readiness could
+    # be answered by whatever already listens there)
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
 
 
 class Process:
@@ -156,6 +169,10 @@ class Stack:
         self.processes: dict[str, Process] = {}
 
     def start(self, service: Service, *, width: int = 8) -> Process:
+        busy = [port for port in service.tcp_ports if port_in_use(port)]
+        if busy:
+            raise StackError(f"cannot start {service.name}: port {busy[0]} is already in use "
+                             "(another copy of the stack running?)")
         self._say(f"starting {service.name} ...")
         started = time.monotonic()
         process = Process(service, echo=self._echo, log_dir=self._log_dir, width=width)
@@ -202,6 +219,7 @@ def livekit_server(port: int, rtc_tcp_port: int, rtc_udp_port: int) -> Service:
         argv=[str(REPO / "scripts" / "livekit-server.sh"), "--port", str(port),
               "--rtc-tcp-port", str(rtc_tcp_port), "--rtc-udp-port", str(rtc_udp_port)],
         env={"LIVEKIT_SERVER_BIN": str(binary)},
+        tcp_ports=(port, rtc_tcp_port),
         ready_url=f"http://127.0.0.1:{port}/",
         ready_timeout_s=30.0,
     )
@@ -217,7 +235,7 @@ def omni_worker(port: int, *, model: str = "tiny-random", engine: str = "referen
     else:
         argv.append("--insecure-no-auth")  # loopback only, for local use and tests
     return Service(name="worker", argv=argv, env=env, ready_url=f"http://127.0.0.1:{port}/health",
-                   ready_timeout_s=600.0)
+                   ready_timeout_s=600.0, tcp_ports=(port,))
 
 
 def voice_agent(*, livekit_url: str, omni_url: str, omni_api_key: str | None = None, mode: str = "dev",
@@ -245,4 +263,5 @@ def web_page(port: int, *, livekit_url: str) -> Service:
              "PYTHON": sys.executable},
         ready_url=f"http://127.0.0.1:{port}/health",
         ready_timeout_s=300.0,  # a first `npm ci` downloads packages
+        tcp_ports=(port,),
     )

@@ -1,0 +1,150 @@
+"""The agent in a real LiveKit room: a caller (livekit rtc SDK) speaks synthesised utterances and
+listens to the agent's audio track.
+
+What is checked, all through what a participant can see:
+- the agent is dispatched, joins, greets, and answers speech with audio and transcripts;
+- the model's conversation keeps every turn (three turns);
+- a true barge-in stops the agent's audio while the caller is still talking and cuts the reply
+  on the worker;
+- a short burst over the agent's speech pauses it, and the same reply then resumes.
+
+Latencies are printed (run with -s to see them), never asserted: bench/voice_to_voice.py
+measures them properly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+
+from .caller import Caller, load_wav
+from .conftest import LocalStack
+
+pytestmark = pytest.mark.e2e
+
+REPLY_TIMEOUT_S = 60.0  # two busy CPU cores, a cold job process: generous
+
+
+async def join_and_wait_for_greeting(stack: LocalStack, test_name: str) -> Caller:
+    caller = await Caller.join(stack.livekit_url, f"{test_name}-{uuid.uuid4().hex[:8]}")
+    await caller.wait_for_agent(timeout=REPLY_TIMEOUT_S)
+    # The agent greets first (AGENT_GREETING); start talking once that reply is over.
+    await caller.wait_until_agent_listening(after=0.0, timeout=REPLY_TIMEOUT_S)
+    assert caller.agent_audio is not None
+    await caller.agent_audio.quiet_after(time.time(), quiet_s=0.5, timeout=REPLY_TIMEOUT_S)
+    return caller
+
+
+async def test_agent_answers_speech_with_audio_and_transcripts(local_stack: LocalStack) -> None:
+    caller = await join_and_wait_for_greeting(local_stack, "answer")
+    audio = caller.agent_audio
+    assert audio is not None
+    try:
+        transcripts_before = len(caller.agent_transcripts())
+        said = await caller.mic.say(load_wav("e2e_q1_time.wav"))
+        first_audio = await audio.first_voice_after(said.ended_at, timeout=REPLY_TIMEOUT_S)
+        turn = await caller.wait_for_event("turn", after=said.ended_at, timeout=REPLY_TIMEOUT_S)
+
+        print(f"\nvoice-to-voice latency (end of caller speech → first agent audio at the caller): "
+              f"{(first_audio - said.ended_at) * 1000:.0f} ms; the agent measured "
+              f"{(turn['voice_to_voice_s'] or 0) * 1000:.0f} ms to its audio output")
+        assert first_audio > said.ended_at
+        assert turn["interrupted"] is False
+
+        # The reply's transcript arrives on lk.transcription, from the agent.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(
+                t.final for t in caller.agent_transcripts()[transcripts_before:]):
+            await asyncio.sleep(0.05)
+        new = caller.agent_transcripts()[transcripts_before:]
+        assert any(t.final and t.text.strip() for t in new), f"no final agent transcript: {new}"
+    finally:
+        await caller.aclose()
+
+
+async def test_conversation_keeps_three_turns(local_stack: LocalStack) -> None:
+    caller = await join_and_wait_for_greeting(local_stack, "context")
+    audio = caller.agent_audio
+    assert audio is not None
+    try:
+        sizes = []
+        for wav in ("e2e_q1_time.wav", "e2e_q2_weather.wav", "e2e_q3_recall.wav"):
+            said = await caller.mic.say(load_wav(wav))
+            turn = await caller.wait_for_event("turn", after=said.ended_at, timeout=REPLY_TIMEOUT_S)
+            sizes.append(turn["conversation_items"])
+            await audio.quiet_after(time.time(), quiet_s=0.5, timeout=REPLY_TIMEOUT_S)
+        # Each turn adds the caller's audio and the agent's reply to the worker's conversation,
+        # and nothing is dropped: the third reply is generated with both earlier turns in context.
+        assert all(later - earlier >= 2 for earlier, later in zip(sizes, sizes[1:])), sizes
+    finally:
+        await caller.aclose()
+
+
+async def test_barge_in_stops_the_agent_and_cuts_the_reply(local_stack: LocalStack) -> None:
+    caller = await join_and_wait_for_greeting(local_stack, "barge-in")
+    audio = caller.agent_audio
+    assert audio is not None
+    try:
+        said = await caller.mic.say(load_wav("e2e_q2_weather.wav"))
+        agent_started = await audio.first_voice_after(said.ended_at, timeout=REPLY_TIMEOUT_S)
+        await asyncio.sleep(0.2)
+        cancels_before = local_stack.worker_metric("omni_response_cancels_total")
+
+        barge_in = asyncio.create_task(caller.mic.say(load_wav("e2e_barge_in.wav")))
+        decided = await caller.wait_for_event("agent_state", after=agent_started, state="listening", timeout=10)
+        stopped = await audio.quiet_after(decided["at"], quiet_s=0.3, timeout=10)
+        spoken = await barge_in
+
+        print(f"\nbarge-in: agent audio stopped at the caller {(stopped - decided['at']) * 1000:.0f} ms after "
+              f"the agent decided to stop, {(stopped - spoken.started_at) * 1000:.0f} ms after the caller "
+              f"started talking")
+        assert spoken.started_at < stopped < spoken.ended_at, "the agent kept talking over the caller"
+
+        cut = await caller.wait_for_event("turn", after=said.ended_at, timeout=REPLY_TIMEOUT_S)
+        assert cut["interrupted"] is True
+        # Still generating → cancelled on the worker; already generated → truncated to what was
+        # heard. With tiny-random on CPU the reply is still being generated here.
+        assert local_stack.worker_metric("omni_response_cancels_total") > cancels_before
+
+        # The barge-in was a turn: the agent answers it.
+        await audio.first_voice_after(spoken.ended_at, timeout=REPLY_TIMEOUT_S)
+    finally:
+        await caller.aclose()
+
+
+async def test_short_burst_pauses_then_resumes_the_same_reply(local_stack: LocalStack) -> None:
+    caller = await join_and_wait_for_greeting(local_stack, "burst")
+    audio = caller.agent_audio
+    assert audio is not None
+    try:
+        said = await caller.mic.say(load_wav("e2e_q2_weather.wav"))
+        agent_started = await audio.first_voice_after(said.ended_at, timeout=REPLY_TIMEOUT_S)
+        await asyncio.sleep(0.2)
+        cancels_before = local_stack.worker_metric("omni_response_cancels_total")
+
+        burst = await caller.mic.say(load_wav("e2e_burst_200ms.wav"))
+        paused = await caller.wait_for_event("agent_state", after=agent_started, state="listening", timeout=10)
+        ignored = await caller.wait_for_event("sound_ignored", after=burst.started_at, timeout=10)
+        resumed = await caller.wait_for_event("false_interruption", after=burst.started_at, timeout=10)
+        assert resumed["resumed"] is True
+        back = await audio.first_voice_after(resumed["at"], timeout=10)
+
+        print(f"\nburst of {ignored['speech_s'] * 1000:.0f} ms: agent paused {(paused['at'] - burst.started_at) * 1000:.0f} ms "
+              f"after it started, resumed {(back - paused['at']) * 1000:.0f} ms later")
+        # The audio really paused at the caller: nothing voiced between the pause and the resume.
+        gap = [t for t in audio.voiced_at if paused["at"] + 0.2 < t < resumed["at"]]
+        assert not gap, f"agent audio kept playing during the pause ({len(gap)} voiced frames)"
+
+        reply = await caller.wait_for_event("turn", after=said.ended_at, timeout=REPLY_TIMEOUT_S)
+        assert reply["interrupted"] is False
+        # The same reply went on: nothing was cancelled on the worker, and the burst did not
+        # start a new reply (the agent never went back to "thinking").
+        await asyncio.sleep(1.0)
+        assert local_stack.worker_metric("omni_response_cancels_total") == cancels_before
+        thinking = [ev for ev in caller.events_of("agent_state", after=paused["at"]) if ev["state"] == "thinking"]
+        assert not thinking, "the burst started a new reply"
+    finally:
+        await caller.aclose()
