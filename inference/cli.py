@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import sys
+from typing import Any
 
 from .config import Limits, WorkerSettings
 from .engine import ENGINES
@@ -28,8 +30,24 @@ def _parser() -> argparse.ArgumentParser:
                        help="concurrent sessions before new ones are refused with 503")
     serve.add_argument("--device", default=defaults.device, help="reference engine: cuda, cpu or auto")
     serve.add_argument("--dtype", default=defaults.dtype, help="reference engine: bfloat16, float32 or auto")
+    serve.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                       help="engine-specific option, repeatable (values are JSON when they parse as JSON), "
+                            "e.g. --engine-option ode_steps=5 --engine-option max_concurrency=4")
     serve.add_argument("--log-level", default="INFO")
     return parser
+
+
+def _engine_options(pairs: list[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"omni-worker: --engine-option wants KEY=VALUE, got {pair!r}")
+        try:
+            options[key.replace("-", "_")] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key.replace("-", "_")] = value
+    return options
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         engine=args.engine, model=args.model, host=args.host, port=args.port,
         insecure_no_auth=args.insecure_no_auth, device=args.device, dtype=args.dtype,
         limits=Limits(max_sessions=args.max_sessions),
+        engine_extra=_engine_options(args.engine_option),
     )
     if settings.api_key is None and not settings.insecure_no_auth:
         print("omni-worker: OMNI_API_KEY is not set. Set it (clients send 'Authorization: Bearer <key>'), "

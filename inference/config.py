@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -36,8 +38,8 @@ class WorkerSettings(BaseSettings):
     device: str = "auto"
     dtype: str = "auto"
     limits: Limits = Field(default_factory=Limits)
+    engine_extra: dict[str, Any] = Field(default_factory=dict, description="engine-specific keyword options")
 
-    def engine_options(self) -> dict[str, str]:
-        if self.engine == "reference":
-            return {"device": self.device, "dtype": self.dtype}
-        return {}
+    def engine_options(self) -> dict[str, Any]:
+        base = {"device": self.device, "dtype": self.dtype} if self.engine == "reference" else {}
+        return {**base, **self.engine_extra}

@@ -114,7 +114,11 @@ class Worker:
 async def serve(settings: WorkerSettings, engine: eng.OmniEngine | None = None) -> int:
     """Listen, load and warm the engine, serve until SIGINT/SIGTERM. Returns the exit code."""
     if engine is None:
-        engine = eng.create_engine(settings.engine, settings.model, **settings.engine_options())
+        try:
+            engine = eng.create_engine(settings.engine, settings.model, **settings.engine_options())
+        except (TypeError, ValueError) as e:  # an unknown or bad --engine-option
+            log.error("cannot create the %s engine: %s", settings.engine, e)
+            return 2
     worker = Worker(settings, engine)
     runner = web.AppRunner(worker.app, handle_signals=False, access_log=None)
     await runner.setup()

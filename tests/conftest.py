@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# A random talker may hit its end code after a few steps: ask for at least a second of speech
+# so replies always stream in several chunks.
+TINY_ENGINE_ARGS = ("--engine-option", "min_audio_seconds=1.0")
 WORKER_START_TIMEOUT_S = float(os.environ.get("OMNI_TEST_WORKER_TIMEOUT", "300"))
 
 
@@ -52,7 +55,7 @@ class WorkerProcess:
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         env.pop("OMNI_API_KEY", None)
         cmd = [sys.executable, "-m", "inference", "serve", "--engine", "reference", "--model", "tiny-random",
-               "--port", str(self.port), *self.args]
+               "--port", str(self.port), *TINY_ENGINE_ARGS, *self.args]
         if self.api_key:
             env["OMNI_API_KEY"] = self.api_key
         else:
