@@ -341,3 +341,25 @@ async def test_required_tool_choice_picks_one_of_several_tools(engine):
         assert_weather_arguments(call.arguments)
     else:
         assert isinstance(json.loads(call.arguments)["minutes"], int)
+
+
+def test_token2wav_window_matches_the_dit_sampler(engine):
+    """Over a window holding the whole reply, the streamed ODE is `DiT.sample` exactly."""
+    from inference.engine.reference.token2wav_stream import ChunkPlan, StreamingToken2Wav
+
+    model = engine.loaded.model
+    speaker = model.speaker_map["Ethan"]
+    stream = StreamingToken2Wav(model.token2wav, speaker, ChunkPlan(ode_steps=4),
+                                torch.device("cpu"), torch.Generator().manual_seed(3))
+    for code in range(30):
+        stream.push(code % 60)
+    frames = stream.frames
+    with torch.inference_mode():
+        torch.manual_seed(11)  # DiT.sample draws its noise from the global generator
+        expected = model.token2wav.code2wav_dit_model.sample(
+            speaker["cond"].float(), speaker["ref_mel"].float(),
+            torch.tensor([stream.codes]), num_steps=4)
+        torch.manual_seed(11)
+        stream.noise = torch.randn(1, frames, model.token2wav.code2wav_dit_model.mel_dim)
+        streamed = stream._sample(0, frames)
+    torch.testing.assert_close(streamed, expected, rtol=1e-4, atol=1e-4)

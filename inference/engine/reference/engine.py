@@ -105,7 +105,13 @@ class ReferenceEngine(OmniEngine):
     async def start(self) -> None:
         if self.torch_threads:
             torch.set_num_threads(self.torch_threads)
-        self.loaded = await asyncio.to_thread(load_model, self.model, self.device, self.dtype)
+        await self.start_with_model(
+            await asyncio.to_thread(load_model, self.model, self.device, self.dtype))
+
+    async def start_with_model(self, loaded: LoadedModel) -> None:
+        """Start on a model already in memory (the GPU benchmark builds random 7B-shaped
+        weights this way instead of writing and reading 20 GB)."""
+        self.loaded = loaded
         speakers = tuple(self.loaded.model.speaker_map)
         if not speakers:
             raise EngineError(f"{self.model} has no speakers (spk_dict.pt)")

@@ -72,6 +72,7 @@ class Generation:
         self.audio_codes = 0
         self.decode_steps = 0
         self.decode_time = 0.0
+        self.token2wav_time = 0.0
         self.tool_calls = 0
         seed = settings.seed if settings.seed is not None else secrets.randbits(63)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -175,7 +176,9 @@ class Generation:
                 break
 
         if audio is not None:
-            self._emit_audio(audio.flush())
+            flush_started = time.monotonic()
+            self._emit_audio(self._timed_token2wav(audio.flush))
+            self.decode_time += time.monotonic() - flush_started
         if self.tool_calls:
             reason = "tool_calls"
         return reason, talker
@@ -216,7 +219,13 @@ class Generation:
         self.audio_codes += 1
         audio.push(talker.last_code)
         if audio.ready():
-            self._emit_audio(audio.decode_chunk())
+            self._emit_audio(self._timed_token2wav(audio.decode_chunk))
+
+    def _timed_token2wav(self, decode: Callable[[], object]):
+        started = time.monotonic()
+        samples = decode()
+        self.token2wav_time += time.monotonic() - started
+        return samples
 
     # ----------------------------------------------------------------- forced tool call
 
@@ -299,7 +308,8 @@ class Generation:
         self.timings["total_s"] = time.monotonic() - self.arrived
         self.timings["audio_s"] = self.audio_samples / 24_000
         self.timings["decode_steps"] = float(self.decode_steps)
-        self.timings["decode_s"] = self.decode_time
+        self.timings["decode_s"] = self.decode_time  # all decode steps, token2wav included
+        self.timings["token2wav_s"] = self.token2wav_time
         self._emit(Finished(
             reason=reason, input_tokens=int(prompt.input_ids.shape[1]),
             input_audio_tokens=prompt.audio_tokens, output_text_tokens=self.output_tokens,

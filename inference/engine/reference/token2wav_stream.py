@@ -73,6 +73,7 @@ class StreamingToken2Wav:
         self.chunks = 0
         self.tail: torch.Tensor | None = None  # last vocoded mel frames (context + held back)
         self.held = 0                # frames at the end of `tail` not yet emitted as audio
+        self._speaker_encoded: torch.Tensor | None = None
 
     @property
     def frames(self) -> int:
@@ -121,28 +122,24 @@ class StreamingToken2Wav:
         self._grow_noise(end)
         codes = torch.tensor([self.codes[start // self.repeats:end // self.repeats]],
                              dtype=torch.long, device=self.device)
-        initial = self.noise[:, start:end]
-        speaker = self.cond.unsqueeze(1).repeat(1, end - start, 1)
-        guidance = self.plan.guidance_scale
-
-        def velocity(time_step, state):
-            if self.cancelled():
-                raise Cancelled()
-            if guidance < 1e-5:
-                return self.dit(hidden_states=state, speaker_embedding=speaker,
-                                condition_vector=self.ref_mel, quantized_code=codes,
-                                time_step=time_step, drop_audio_conditioning=False,
-                                drop_code=False, apply_cfg=False)
-            out = self.dit(hidden_states=state, quantized_code=codes, speaker_embedding=speaker,
-                           condition_vector=self.ref_mel, time_step=time_step, apply_cfg=True)
-            guided, unconditioned = torch.chunk(out, 2, dim=0)
-            return guided + (guided - unconditioned) * guidance
-
+        velocity = _WindowVelocity(self.dit, codes, self.cond, self._speaker_encoding(),
+                                   self.plan.guidance_scale, self.cancelled)
         times = torch.linspace(0, 1, self.plan.ode_steps, device=self.device, dtype=torch.float32)
         if self.plan.sway_coefficient is not None:
             times += self.plan.sway_coefficient * (torch.cos(torch.pi / 2 * times) - 1 + times)
+        initial = self.noise[:, start:end]
         trajectory = RungeKutta4ODESolver(function=velocity, initial_value=initial).integrate(times)
         return trajectory[-1].permute(0, 2, 1)
+
+    def _speaker_encoding(self) -> torch.Tensor:
+        """The ECAPA encoding of the reference mel (and, for guidance, of silence): the DiT
+        recomputes it on every call although it never changes within a reply."""
+        if self._speaker_encoded is None:
+            reference = self.ref_mel
+            if self.plan.guidance_scale >= 1e-5:
+                reference = torch.cat([reference, torch.zeros_like(reference)], dim=0)
+            self._speaker_encoded = self.dit.input_embed.spk_encoder(reference)
+        return self._speaker_encoded
 
     def _vocode(self, new_mel: torch.Tensor, final: bool) -> np.ndarray:
         overlap = self.plan.vocoder_overlap
@@ -165,3 +162,46 @@ class StreamingToken2Wav:
                                 dtype=torch.float32, device=self.generator.device
                                 if self.generator is not None else self.device)
             self.noise = torch.cat([self.noise, fresh.to(self.device)], dim=1)
+
+
+class _WindowVelocity:
+    """The ODE's right-hand side for one window: `Qwen2_5OmniToken2WavDiTModel.forward`
+    (with classifier-free guidance, as `sample` calls it), computed from the DiT's own
+    submodules in the same order, with everything that does not depend on the ODE state or
+    time (code embeddings, speaker encoding, rotary tables, block mask) computed once."""
+
+    def __init__(self, dit, codes: torch.Tensor, cond: torch.Tensor, speaker_encoding: torch.Tensor,
+                 guidance_scale: float, cancelled: Callable[[], bool]) -> None:
+        self.dit = dit
+        self.guidance = guidance_scale
+        self.cancelled = cancelled
+        self.cfg = guidance_scale >= 1e-5
+        frames = codes.shape[1] * dit.repeats
+        code_embed = dit.text_embed(codes, drop_code=False)
+        speaker = cond.unsqueeze(1).repeat(1, frames, 1)
+        if self.cfg:
+            code_embed = torch.cat([code_embed, dit.text_embed(codes, drop_code=True)], dim=0)
+            speaker = torch.cat([speaker, torch.zeros_like(speaker)], dim=0)
+        encoded = speaker_encoding.unsqueeze(1).repeat(1, frames, 1)
+        self.condition = (encoded, code_embed, speaker)
+        batch = code_embed.shape[0]
+        positions = torch.arange(frames, device=codes.device)[None, :].repeat(batch, 1)
+        self.rotary = dit.rotary_embed(code_embed, positions)
+        self.block_diff = dit._create_block_diff(code_embed)
+
+    def __call__(self, time_step: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        if self.cancelled():
+            raise Cancelled()
+        dit = self.dit
+        batch = 2 if self.cfg else 1
+        time_embedding = dit.time_embed(time_step.reshape(1).repeat(batch))
+        hidden = torch.cat([state, state], dim=0) if self.cfg else state
+        hidden = dit.input_embed.proj(torch.cat((hidden, *self.condition), dim=-1))
+        for block in dit.transformer_blocks:
+            hidden = block(hidden, time_embedding, position_embeddings=self.rotary,
+                           block_diff=self.block_diff)
+        output = dit.proj_out(dit.norm_out(hidden, time_embedding))
+        if not self.cfg:
+            return output
+        guided, unconditioned = torch.chunk(output, 2, dim=0)
+        return guided + (guided - unconditioned) * self.guidance
