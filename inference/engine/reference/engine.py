@@ -56,6 +56,11 @@ class ReferenceEngine(OmniEngine):
         cpu, whose ops are too small to gain from threads that spin on a busy machine;
         otherwise torch's own default).
       warmup: run one short generation in `start()` (default True).
+
+    `Finished.timings` (seconds): queue_wait_s, prefill_s, first_text_s and first_audio_s
+    (from the request's arrival; present only if that output was produced), total_s, audio_s
+    (speech produced), decode_steps (a count), decode_s (time in decode steps, token2wav
+    included) and token2wav_s.
     """
 
     name = "reference"

@@ -74,6 +74,7 @@ class Generation:
         self.decode_time = 0.0
         self.token2wav_time = 0.0
         self.tool_calls = 0
+        self.prompt_tokens_in_reply = 0
         seed = settings.seed if settings.seed is not None else secrets.randbits(63)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
@@ -232,11 +233,11 @@ class Generation:
     def _forced_tools(self) -> list[dict] | None:
         """The tools a call must be made to, or None when the model is free to answer."""
         choice = self.request.tool_choice
-        tools = [entry["function"] for entry in tools_offered(self.request)]
-        if choice in ("auto", "none") or not tools:
-            if choice == "required" and not tools:
-                raise ValueError('tool_choice "required" needs at least one tool')
+        if choice in ("auto", "none"):
             return None
+        tools = [entry["function"] for entry in tools_offered(self.request)]
+        if not tools:
+            raise ValueError(f"tool_choice {choice!r} needs at least one tool")
         if choice == "required":
             return tools
         named = [tool for tool in tools if tool["name"] == choice]
@@ -279,6 +280,8 @@ class Generation:
                 break
         body = self.tokenizer.decode(ids, skip_special_tokens=True)
         self.output_tokens = fixed_tokens + len(ids)
+        # the teacher-forced envelope went through the prefill but belongs to the reply
+        self.prompt_tokens_in_reply = len(self.tokenizer.encode(prefix, add_special_tokens=False))
         if single:
             self._emit_call(ParsedCall(new_call_id(), forced[0]["name"], body))
         else:
@@ -311,7 +314,7 @@ class Generation:
         self.timings["decode_s"] = self.decode_time  # all decode steps, token2wav included
         self.timings["token2wav_s"] = self.token2wav_time
         self._emit(Finished(
-            reason=reason, input_tokens=int(prompt.input_ids.shape[1]),
+            reason=reason, input_tokens=int(prompt.input_ids.shape[1]) - self.prompt_tokens_in_reply,
             input_audio_tokens=prompt.audio_tokens, output_text_tokens=self.output_tokens,
             output_audio_tokens=self.audio_codes, timings=dict(self.timings)))
 
@@ -327,9 +330,10 @@ class Generation:
     def _stop_ids(self) -> set[int]:
         eos = self.model.thinker.generation_config.eos_token_id
         ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
-        im_end = self._single_token_id("<|im_end|>")
-        if im_end is not None:
-            ids.add(im_end)
+        for marker in ("<|im_end|>", "<|endoftext|>"):  # end of turn / of text in Qwen chats
+            token_id = self._single_token_id(marker)
+            if token_id is not None:
+                ids.add(token_id)
         return ids
 
     def _single_token_id(self, text: str) -> int | None:

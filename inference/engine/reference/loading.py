@@ -13,6 +13,18 @@ from .chat_template import CHAT_TEMPLATE
 logger = logging.getLogger(__name__)
 
 
+class _TalkerTokenIdsFilter(logging.Filter):
+    """Qwen2.5-Omni's talker config holds thinker-vocabulary ids (text bos/eos/pad, audio and
+    vision markers); transformers' generic check compares them with the talker's 8448-code
+    vocabulary and warns about every one of them on every load. They are correct."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "must be `None` or an integer within the vocabulary" not in record.getMessage()
+
+
+logging.getLogger("transformers.configuration_utils").addFilter(_TalkerTokenIdsFilter())
+
+
 @dataclass
 class LoadedModel:
     model: "transformers.Qwen2_5OmniForConditionalGeneration"  # noqa: F821
