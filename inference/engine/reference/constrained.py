@@ -85,11 +85,11 @@ class ConstrainedJsonDecoder:
         return int(self._masked(logits).argmax(dim=-1))
 
     def _masked(self, logits: torch.Tensor) -> torch.Tensor:
-        masked = logits.float().clone()
-        xgr.apply_token_bitmask_inplace(masked, self.bitmask.to(masked.device),
-                                        vocab_size=self.vocab_size)
-        masked[:, self.banned_ids.to(masked.device)] = float("-inf")
-        return masked
+        # on the CPU: xgrammar's CPU path needs no kernel build; forced calls are rare
+        masked = logits.to("cpu", torch.float32, copy=True)
+        xgr.apply_token_bitmask_inplace(masked, self.bitmask, vocab_size=self.vocab_size)
+        masked[:, self.banned_ids] = float("-inf")
+        return masked.to(logits.device)
 
     def _allowed(self, token: int) -> bool:
         word = int(self.bitmask[0, token // 32])

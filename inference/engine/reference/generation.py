@@ -149,7 +149,7 @@ class Generation:
                     text.finish()
                 else:
                     fed = thinker.step([token])
-                    if voice_open:
+                    if voice_open and not (talker is not None and talker.finished):
                         reply_stream.append((token, fed.hidden + fed.embeds))
                     if sampler.needs_history:
                         history = torch.cat([history, torch.tensor([[token]], device=self.device)], 1)
@@ -160,6 +160,7 @@ class Generation:
             if talker is None and reply_stream:
                 first_id, first_input = reply_stream.popleft()
                 talker, audio = self._start_talker(prompt, prompt_inputs, first_id, first_input)
+                prompt_inputs = None  # in the talker's KV cache now
                 self._after_code(talker, audio)
             elif talker is not None and not talker.finished:
                 if reply_stream:
