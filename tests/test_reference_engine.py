@@ -363,3 +363,23 @@ def test_token2wav_window_matches_the_dit_sampler(engine):
         stream.noise = torch.randn(1, frames, model.token2wav.code2wav_dit_model.mel_dim)
         streamed = stream._sample(0, frames)
     torch.testing.assert_close(streamed, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_prompt_features_equal_the_processors(engine):
+    """build_prompt pads audio only as far as needed; tokens and features match the processor."""
+    processor = engine.loaded.processor
+    req = request(context=[UserAudio(speech(1.3, seed=1)), UserText("and"),
+                           UserAudio(speech(0.41, seed=2))])
+    prompt = build_prompt(processor, req)
+    messages, audios = build_messages(req)
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    reference = processor(text=text, audio=audios, return_tensors="pt")
+    assert torch.equal(prompt.input_ids, reference["input_ids"])
+    mask = reference["feature_attention_mask"]
+    frames = prompt.feature_attention_mask.shape[1]
+    assert torch.equal(prompt.feature_attention_mask, mask[:, :frames])
+    assert int(mask[:, frames:].sum()) == 0
+    for clip in range(len(audios)):
+        used = mask[clip].bool()
+        torch.testing.assert_close(prompt.input_features[clip][:, used[:frames]],
+                                   reference["input_features"][clip][:, used])

@@ -5,10 +5,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from .chat_template import CHAT_TEMPLATE
+
+if TYPE_CHECKING:
+    from transformers import Qwen2_5OmniForConditionalGeneration, Qwen2_5OmniProcessor
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +31,8 @@ logging.getLogger("transformers.configuration_utils").addFilter(_TalkerTokenIdsF
 
 @dataclass
 class LoadedModel:
-    model: "transformers.Qwen2_5OmniForConditionalGeneration"  # noqa: F821
-    processor: "transformers.Qwen2_5OmniProcessor"  # noqa: F821
+    model: "Qwen2_5OmniForConditionalGeneration"
+    processor: "Qwen2_5OmniProcessor"
     device: torch.device
     dtype: torch.dtype
 
