@@ -1,0 +1,271 @@
+"""The `vllm-omni` engine: our `OmniEngine` over vllm-omni's `AsyncOmni` (GPU only).
+
+AsyncOmni runs the model as a pipeline of vLLM engines, thinker → talker → code2wav. This
+class only translates: a GenerationRequest becomes one `AsyncOmni.generate` call (whole
+conversation in the prompt, see prompt.py), and the outputs it yields become our deltas
+(see outputs.py). Nothing is kept between requests.
+
+Audio timing depends on the model's deploy config, not on us: Qwen3-Omni runs with
+`async_chunk` and sends audio in chunks while the thinker is still writing; stock vllm-omni
+sends Qwen2.5-Omni's audio in one piece when the reply is complete. Both become AudioDeltas
+as they arrive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+import numpy as np
+import soxr
+
+from ..base import (
+    OUTPUT_SAMPLE_RATE, AudioDelta, Delta, EngineError, Finished, GenerationRequest, OmniEngine,
+    TextDelta, ToolCallDelta, UserAudio, UserText,
+)
+from . import outputs
+from . import prompt as prompts
+from .tool_calls import ToolCallSplitter
+
+logger = logging.getLogger(__name__)
+
+GPU_EXTRA_HINT = (
+    "the vllm-omni engine needs the `gpu` extra (vllm==0.30.*, vllm-omni==0.30.*) on a machine "
+    "with an NVIDIA GPU: pip install -e '.[gpu]'"
+)
+WARMUP_MAX_TOKENS = 8
+
+
+class VllmOmniEngine(OmniEngine):
+    """Options (all optional; the model's stock vllm-omni deploy config is the default):
+
+    - `deploy_config`: path to a vllm-omni deploy YAML (per-stage devices, memory, batch size).
+    - `stage_overrides`: per-stage engine settings over the deploy config, as vllm-omni's
+      `--stage-overrides` takes them: `{"1": {"devices": "0", "gpu_memory_utilization": 0.2}}`
+      (a dict or its JSON text).
+    - `async_chunk`: stream audio in chunks (True) or in one piece (False); None keeps the
+      deploy config's choice.
+    - `max_model_len`: the thinker's context length (conversation + reply, in tokens).
+    - `warmup`: run one short generation in `start()` (default True).
+    """
+
+    name = "vllm-omni"
+    voices = ("Chelsie", "Ethan")
+
+    def __init__(self, model: str, *, deploy_config: str | None = None,
+                 stage_overrides: dict | str | None = None, async_chunk: bool | None = None,
+                 max_model_len: int | None = None, warmup: bool = True) -> None:
+        super().__init__(model)
+        self._omni_kwargs = _async_omni_kwargs(deploy_config, stage_overrides, async_chunk, max_model_len)
+        self._warmup = warmup
+        self._omni: Any = None
+        self._prompts: prompts.PromptBuilder | None = None
+        self._as_delta_params: Any = None  # vllm_omni's coerce_param_message_types
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        try:
+            from vllm_omni.entrypoints.async_omni import AsyncOmni
+            from vllm_omni.entrypoints.utils import coerce_param_message_types
+        except ImportError as exc:
+            raise ImportError(f"{GPU_EXTRA_HINT} (import failed: {exc})") from exc
+        self._as_delta_params = coerce_param_message_types
+
+        began = time.perf_counter()
+        logger.info("vllm-omni: loading the chat template and processor of %s", self.model)
+        self._prompts = prompts.PromptBuilder(await asyncio.to_thread(prompts.load_processor, self.model))
+        logger.info("vllm-omni: starting the AsyncOmni stages for %s with %s", self.model, self._omni_kwargs)
+        # Construction loads every stage and takes minutes; a thread keeps the event loop (and
+        # the worker's /health answers) running meanwhile. AsyncOmni runs its orchestrator on
+        # its own thread and loop anyway.
+        self._omni = await asyncio.to_thread(AsyncOmni, model=self.model, **self._omni_kwargs)
+        logger.info("vllm-omni: %d stages up after %.1f s (async_chunk=%s)",
+                    self._omni.num_stages, time.perf_counter() - began, self._omni.async_chunk)
+        if self._warmup:
+            await self._warm_up()
+        logger.info("vllm-omni: ready after %.1f s", time.perf_counter() - began)
+
+    async def _warm_up(self) -> None:
+        """One short spoken reply to half a second of silence: every stage runs once."""
+        request = GenerationRequest(
+            request_id=f"warmup-{uuid.uuid4().hex[:8]}", instructions="",
+            context=[UserAudio(np.zeros(8_000, dtype=np.float32)), UserText("Say hello.")],
+            modalities=("audio",), max_output_tokens=WARMUP_MAX_TOKENS,
+        )
+        logger.info("vllm-omni: warming up")
+        async for delta in self.generate(request):
+            if isinstance(delta, Finished):
+                logger.info("vllm-omni: warm-up reply took %.2f s", delta.timings.get("total_s", 0.0))
+
+    async def close(self) -> None:
+        if self._omni is not None:
+            omni, self._omni = self._omni, None
+            await asyncio.to_thread(omni.shutdown)
+
+    # ------------------------------------------------------------------ generation
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Delta]:
+        if self._omni is None or self._prompts is None:
+            raise EngineError("the vllm-omni engine is not started")
+        began = time.perf_counter()
+        speak = "audio" in request.modalities
+        try:
+            prompt = self._prompts.build(request)
+        except Exception as exc:  # e.g. the model's chat template refusing this conversation
+            raise EngineError(f"vllm-omni: cannot build the prompt: {exc}") from exc
+        stream = self._omni.generate(
+            prompt=prompt,
+            request_id=request.request_id,
+            sampling_params_list=self._sampling_params(request),
+            output_modalities=["text", "audio"] if speak else ["text"],
+        )
+        reply = _Reply(began, self._prompts.audio_token_id,
+                       ToolCallSplitter() if prompts.offered_tools(request) else None)
+        completed = False
+        try:
+            async for output in stream:
+                if output.error:
+                    raise EngineError(f"vllm-omni: {output.error}")
+                if outputs.is_text(output):
+                    for delta in reply.on_text(output):
+                        yield delta
+                    if speak and reply.tool_calls and reply.text_finished:
+                        # The talker would now read the call's JSON aloud: not worth waiting for.
+                        break
+                elif outputs.is_audio(output) and speak:
+                    delta = reply.on_audio(output)
+                    if delta is not None:
+                        yield delta
+            else:
+                completed = True
+        except EngineError:
+            raise
+        except Exception as exc:  # vllm-omni's own errors, e.g. a dead stage or a prompt too long
+            raise EngineError(f"vllm-omni generation failed: {exc}") from exc
+        finally:
+            if not completed:
+                await self._abort(request.request_id)
+            await stream.aclose()
+        for delta in reply.finish():
+            yield delta
+
+    def _sampling_params(self, request: GenerationRequest) -> list:
+        """Each stage's deploy-config defaults, as deltas; the reply length caps the thinker."""
+        params = [p.clone() for p in self._omni.default_sampling_params_list]
+        if request.max_output_tokens is not None:
+            params[0].max_tokens = request.max_output_tokens
+        return self._as_delta_params(params, is_streaming=True)
+
+    async def _abort(self, request_id: str) -> None:
+        try:
+            await self._omni.abort(request_id)
+        except Exception:  # never hide the reason we are stopping behind a failed abort
+            logger.exception("vllm-omni: abort of %s failed", request_id)
+
+
+class _Reply:
+    """What one generation has produced so far, and the deltas that come from it."""
+
+    def __init__(self, began: float, audio_token_id: int | None, splitter: ToolCallSplitter | None) -> None:
+        self._began = began
+        self._audio_token_id = audio_token_id
+        self._splitter = splitter
+        self._resampler: Any = None
+        self.tool_calls = 0
+        self.text_finished = False
+        self._finish_reason: str | None = None
+        self._prompt_token_ids: list[int] = []
+        self._text_tokens = 0
+        self._talker_tokens = 0
+        self._first_text_s: float | None = None
+        self._first_audio_s: float | None = None
+
+    def on_text(self, output: Any) -> list[Delta]:
+        if output.prompt_token_ids:
+            self._prompt_token_ids = list(output.prompt_token_ids)
+        self._talker_tokens = max(self._talker_tokens, outputs.talker_tokens(output))
+        done = outputs.completion(output)
+        if done is None:
+            return []
+        self._text_tokens += len(done.token_ids)
+        if done.finish_reason is not None:
+            self._finish_reason = done.finish_reason
+            self.text_finished = True
+        if self._splitter is None:
+            return self._deltas([done.text])
+        pieces = self._splitter.feed(done.text)
+        if self.text_finished:
+            pieces += self._splitter.finish()
+        return self._deltas(pieces)
+
+    def _deltas(self, pieces: list[str | ToolCallDelta]) -> list[Delta]:
+        deltas: list[Delta] = []
+        for piece in pieces:
+            if isinstance(piece, ToolCallDelta):
+                self.tool_calls += 1
+                deltas.append(piece)
+            elif piece:
+                if self._first_text_s is None:
+                    self._first_text_s = time.perf_counter() - self._began
+                deltas.append(TextDelta(piece))
+        return deltas
+
+    def on_audio(self, output: Any) -> AudioDelta | None:
+        self._talker_tokens = max(self._talker_tokens, outputs.talker_tokens(output))
+        if self.tool_calls:
+            return None  # speech of a tool call's JSON is not for the listener
+        samples, rate = outputs.audio_samples(output)
+        if rate != OUTPUT_SAMPLE_RATE:
+            if self._resampler is None:  # one stream per reply: no clicks at chunk edges
+                self._resampler = soxr.ResampleStream(rate, OUTPUT_SAMPLE_RATE, 1, dtype="float32")
+            samples = self._resampler.resample_chunk(samples, last=bool(output.finished))
+        if samples.size == 0:
+            return None
+        if self._first_audio_s is None:
+            self._first_audio_s = time.perf_counter() - self._began
+        return AudioDelta(samples.astype(np.float32, copy=False))
+
+    def finish(self) -> list[Delta]:
+        deltas: list[Delta] = []
+        if self._splitter and not self.text_finished:  # the thinker's stream ended without a reason
+            deltas += self._deltas(self._splitter.finish())
+        timings = {"total_s": time.perf_counter() - self._began}
+        if self._first_text_s is not None:
+            timings["first_text_s"] = self._first_text_s
+        if self._first_audio_s is not None:
+            timings["first_audio_s"] = self._first_audio_s
+        deltas.append(Finished(
+            reason="tool_calls" if self.tool_calls else ("length" if self._finish_reason == "length" else "stop"),
+            input_tokens=len(self._prompt_token_ids),
+            input_audio_tokens=(self._prompt_token_ids.count(self._audio_token_id)
+                                if self._audio_token_id is not None else 0),
+            output_text_tokens=self._text_tokens,
+            output_audio_tokens=self._talker_tokens,
+            timings=timings,
+        ))
+        return deltas
+
+
+def _async_omni_kwargs(deploy_config: str | None, stage_overrides: dict | str | None,
+                       async_chunk: bool | None, max_model_len: int | None) -> dict[str, Any]:
+    if isinstance(stage_overrides, str):
+        try:
+            stage_overrides = json.loads(stage_overrides)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"stage_overrides is not valid JSON: {exc}") from exc
+    overrides = {str(stage): dict(settings) for stage, settings in (stage_overrides or {}).items()}
+    if max_model_len is not None:
+        overrides.setdefault("0", {})["max_model_len"] = max_model_len
+    kwargs: dict[str, Any] = {}
+    if deploy_config is not None:
+        kwargs["deploy_config"] = deploy_config
+    if overrides:
+        kwargs["stage_overrides"] = overrides
+    if async_chunk is not None:
+        kwargs["async_chunk"] = async_chunk
+    return kwargs

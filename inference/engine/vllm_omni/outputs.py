@@ -1,0 +1,62 @@
+"""Read what we need out of vllm-omni's `OmniRequestOutput` (vllm-omni 0.30).
+
+`AsyncOmni.generate` yields one `OmniRequestOutput` per step of each *final-output* stage:
+the thinker (`final_output_type == "text"`) and code2wav (`"audio"`). With
+`RequestOutputKind.DELTA` sampling params every output carries only what is new since the
+previous one: `outputs[0].text` / `.token_ids` for the thinker, and
+`multimodal_output["audio"]` (a tensor, or a list of tensors when several chunks landed
+between two outputs) for code2wav, with an optional `"sr"` sample rate (24 kHz when absent).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+DEFAULT_AUDIO_SAMPLE_RATE = 24_000
+
+
+def is_text(output: Any) -> bool:
+    return output.final_output_type == "text"
+
+
+def is_audio(output: Any) -> bool:
+    return output.final_output_type == "audio"
+
+
+def completion(output: Any) -> Any | None:
+    """The stage's single completion (`vllm.outputs.CompletionOutput`), if any."""
+    return output.outputs[0] if output.outputs else None
+
+
+def audio_samples(output: Any) -> tuple[np.ndarray, int]:
+    """New waveform in this output, float32 mono, and its sample rate."""
+    payload = output.multimodal_output or {}
+    rate = _sample_rate(payload.get("sr"))
+    audio = payload.get("audio")
+    if audio is None:
+        return np.zeros(0, dtype=np.float32), rate
+    chunks = audio if isinstance(audio, (list, tuple)) else [audio]
+    return np.concatenate([_to_float32(c) for c in chunks] or [np.zeros(0, np.float32)]), rate
+
+
+def talker_tokens(output: Any) -> int:
+    """Codec tokens the talker produced so far, from the request's per-stage metrics."""
+    metrics = output.metrics if isinstance(output.metrics, dict) else {}
+    stages = metrics.get("stage_metrics", {})
+    return sum(int(s.get("num_tokens_out", 0)) for s in stages.values() if s.get("stage_name") == "talker")
+
+
+def _to_float32(chunk: Any) -> np.ndarray:
+    if hasattr(chunk, "detach"):  # torch.Tensor
+        chunk = chunk.detach().float().cpu().numpy()
+    return np.asarray(chunk, dtype=np.float32).reshape(-1)
+
+
+def _sample_rate(value: Any) -> int:
+    if isinstance(value, (list, tuple)):
+        value = value[-1] if value else None
+    if value is None:
+        return DEFAULT_AUDIO_SAMPLE_RATE
+    return int(value.item() if hasattr(value, "item") else value)

@@ -1,0 +1,84 @@
+"""Stand-ins for the HF processors of Qwen2.5-Omni and Qwen3-Omni (no weights download here).
+
+What the vllm-omni engine uses of a real processor: `chat_template`, `apply_chat_template`
+(rendered with transformers' own Jinja renderer), `audio_token` and
+`tokenizer.convert_tokens_to_ids`. The templates are short ones of our own that lay turns
+out like the real ones: `<|im_start|>role ... <|im_end|>` turns, the model's audio
+placeholder where the user spoke, and for Qwen3-Omni tools, `<tool_call>` and
+`<tool_response>` blocks. Qwen2.5-Omni's real template has no tool support; neither does ours.
+"""
+
+from __future__ import annotations
+
+from transformers.utils.chat_template_utils import render_jinja_template
+
+NL = "{{ '\\n' }}"  # an explicit newline: Jinja's block trimming cannot eat it
+
+_TURNS = (
+    "{% for message in messages %}"
+    "<|im_start|>{{ message.role }}" + NL +
+    "{% if message.content is string %}{{ message.content }}"
+    "{% else %}{% for part in message.content %}"
+    "{% if part.type == 'audio' %}AUDIO_PLACEHOLDER{% elif part.type == 'text' %}{{ part.text }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "TOOL_CALLS"
+    "<|im_end|>" + NL +
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant" + NL + "{% endif %}"
+)
+
+QWEN2_5_OMNI_TEMPLATE = _TURNS.replace("AUDIO_PLACEHOLDER", "<|audio_bos|><|AUDIO|><|audio_eos|>").replace(
+    "TOOL_CALLS", "")
+
+QWEN3_OMNI_TEMPLATE = (
+    "{% if tools %}<|im_start|>system" + NL
+    + "{% if messages[0].role == 'system' %}{{ messages[0].content }}" + NL + NL + "{% endif %}"
+    "<tools>" + NL + "{% for tool in tools %}{{ tool | tojson }}" + NL + "{% endfor %}</tools><|im_end|>" + NL +
+    "{% if messages[0].role == 'system' %}{% set messages = messages[1:] %}{% endif %}{% endif %}"
+    + _TURNS.replace("AUDIO_PLACEHOLDER", "<|audio_start|><|audio_pad|><|audio_end|>")
+    .replace("<|im_start|>{{ message.role }}" + NL,
+             "{% if message.role == 'tool' %}<|im_start|>user" + NL + "<tool_response>" + NL
+             + "{{ message.content }}" + NL + "</tool_response><|im_end|>" + NL + "{% continue %}{% endif %}"
+             "<|im_start|>{{ message.role }}" + NL)
+    .replace("TOOL_CALLS",
+             "{% for call in message.tool_calls or [] %}" + NL + "<tool_call>" + NL +
+             '{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments }}}'
+             + NL + "</tool_call>{% endfor %}")
+)
+
+
+class _Tokenizer:
+    def __init__(self, special_ids: dict[str, int]) -> None:
+        self._special_ids = special_ids
+
+    def convert_tokens_to_ids(self, token: str) -> int:
+        return self._special_ids[token]
+
+
+class _Processor:
+    chat_template: str
+    audio_token: str
+    audio_token_id: int
+
+    def __init__(self) -> None:
+        self.tokenizer = _Tokenizer({self.audio_token: self.audio_token_id})
+
+    def apply_chat_template(self, conversation, chat_template=None, tools=None, add_generation_prompt=False,
+                            tokenize=False, **kwargs) -> str:
+        assert not tokenize, "the engine renders text; vLLM tokenizes"
+        rendered, _ = render_jinja_template(
+            conversations=[conversation], tools=tools, chat_template=chat_template or self.chat_template,
+            add_generation_prompt=add_generation_prompt, **kwargs)
+        return rendered[0]
+
+
+class Qwen2_5OmniProcessor(_Processor):
+    chat_template = QWEN2_5_OMNI_TEMPLATE
+    audio_token = "<|AUDIO|>"
+    audio_token_id = 151646
+
+
+class Qwen3OmniMoeProcessor(_Processor):
+    chat_template = QWEN3_OMNI_TEMPLATE
+    audio_token = "<|audio_pad|>"
+    audio_token_id = 151675

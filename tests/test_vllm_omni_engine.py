@@ -1,0 +1,440 @@
+"""The vllm-omni engine against a fake vllm-omni 0.30 (tests/fakes/vllm_omni), and the fake
+against the real package where that is installed (a GPU machine)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import inspect
+import json
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inference.engine import (
+    AssistantText, AudioDelta, Finished, GenerationRequest, TextDelta, ToolCall, ToolCallDelta,
+    ToolResult, ToolSpec, UserAudio, UserText, create_engine,
+)
+from inference.engine.vllm_omni import VllmOmniEngine
+from inference.engine.vllm_omni import prompt as prompts
+from inference.engine.vllm_omni.tool_calls import ToolCallSplitter
+from tests.fakes.qwen_omni_processor import Qwen2_5OmniProcessor, Qwen3OmniMoeProcessor
+
+FAKES = Path(__file__).parent / "fakes"
+WEATHER = ToolSpec("get_weather", "Current weather in a city",
+                   {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
+
+
+def _forget_vllm_omni() -> None:
+    for name in [m for m in sys.modules if m == "vllm_omni" or m.startswith("vllm_omni.")]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def fake_omni(monkeypatch):
+    """Puts the fake vllm_omni on the import path; yields its module `async_omni`."""
+    for name in [m for m in sys.modules if m == "vllm_omni" or m.startswith("vllm_omni.")]:
+        monkeypatch.delitem(sys.modules, name)  # a real one comes back after the test
+    monkeypatch.syspath_prepend(str(FAKES))
+    monkeypatch.setattr(prompts, "load_processor", lambda model: Qwen2_5OmniProcessor())
+    module = importlib.import_module("vllm_omni.entrypoints.async_omni")
+    yield module
+    _forget_vllm_omni()
+
+
+async def started(model: str = "Qwen/Qwen2.5-Omni-7B", **options) -> tuple[VllmOmniEngine, object]:
+    engine = VllmOmniEngine(model, warmup=False, **options)
+    await engine.start()
+    from vllm_omni.entrypoints.async_omni import AsyncOmni
+    return engine, AsyncOmni.instances[-1]
+
+
+def request(*context, **overrides) -> GenerationRequest:
+    values = dict(request_id="resp_1", instructions="Be brief.", context=list(context) or [UserText("Hi")])
+    values.update(overrides)
+    return GenerationRequest(**values)
+
+
+async def collect(stream) -> list:
+    return [delta async for delta in stream]
+
+
+def audio_of(deltas) -> np.ndarray:
+    return np.concatenate([d.audio for d in deltas if isinstance(d, AudioDelta)] or [np.zeros(0, np.float32)])
+
+
+# --------------------------------------------------------------------------- the prompt
+
+
+async def test_prompt_carries_the_whole_conversation_with_audio(fake_omni):
+    engine, omni = await started()
+    first, second = np.full(16_000, 0.1, np.float32), np.full(8_000, -0.2, np.float32)
+    await collect(engine.generate(request(
+        UserAudio(first), UserText("And tomorrow?"), AssistantText("Sunny, 20 degrees."), UserAudio(second),
+        voice="Ethan", max_output_tokens=64)))
+
+    call = omni.calls[-1]
+    text = call.prompt["prompt"]
+    assert text.startswith(f"<|im_start|>system\n{prompts.QWEN2_5_OMNI_SPEECH_SYSTEM_PROMPT}\n\nBe brief.<|im_end|>")
+    assert text.count("<|audio_bos|><|AUDIO|><|audio_eos|>") == 2
+    assert text.index("<|AUDIO|>") < text.index("And tomorrow?") < text.index("Sunny, 20 degrees.") \
+        < text.rindex("<|AUDIO|>")
+    assert "<|im_start|>assistant\nSunny, 20 degrees.<|im_end|>" in text
+    assert text.endswith("<|im_start|>assistant\n")
+    clips = call.prompt["multi_modal_data"]["audio"]
+    assert [rate for _, rate in clips] == [16_000, 16_000]
+    assert clips[0][0] is first and clips[1][0] is second
+    assert call.prompt["additional_information"] == {"speaker": ["ethan"]}
+    assert call.request_id == "resp_1"
+    assert call.output_modalities == ["text", "audio"]
+    kinds = [p.output_kind.name for p in call.sampling_params_list]
+    assert kinds == ["DELTA", "DELTA", "DELTA"]
+    assert call.sampling_params_list[0].max_tokens == 64
+    assert omni.default_sampling_params_list[0].max_tokens == 2048  # the defaults stay untouched
+
+
+async def test_text_only_reply_asks_for_text_and_gets_no_audio(fake_omni):
+    engine, omni = await started()
+    deltas = await collect(engine.generate(request(modalities=("text",))))
+    call = omni.calls[-1]
+    assert call.output_modalities == ["text"]
+    assert "additional_information" not in call.prompt
+    assert prompts.QWEN2_5_OMNI_SPEECH_SYSTEM_PROMPT not in call.prompt["prompt"]
+    assert not any(isinstance(d, AudioDelta) for d in deltas)
+    assert "".join(d.text for d in deltas if isinstance(d, TextDelta)) == "Hello there."
+
+
+async def test_no_instructions_leaves_the_system_turn_to_the_template(fake_omni):
+    engine, omni = await started()
+    await collect(engine.generate(request(instructions="", modalities=("text",))))
+    assert omni.calls[-1].prompt["prompt"].startswith("<|im_start|>user\nHi<|im_end|>")
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+async def test_text_streams_as_it_comes(fake_omni):
+    engine, omni = await started()
+    omni.script.text = ["One", ",", " two", "."]
+    deltas = await collect(engine.generate(request()))
+    assert [d.text for d in deltas if isinstance(d, TextDelta)] == ["One", ",", " two", "."]
+    assert isinstance(deltas[-1], Finished)
+
+
+async def test_audio_that_comes_at_the_end_is_one_audio_delta(fake_omni):
+    """Stock vllm-omni with Qwen2.5-Omni: the whole waveform once the reply is written."""
+    engine, omni = await started(async_chunk=False)
+    deltas = await collect(engine.generate(request()))
+    kinds = [type(d).__name__ for d in deltas]
+    assert kinds == ["TextDelta", "TextDelta", "TextDelta", "AudioDelta", "Finished"]
+    np.testing.assert_array_equal(audio_of(deltas), omni.script.audio)
+    assert audio_of(deltas).dtype == np.float32
+
+
+async def test_audio_in_chunks_streams_while_text_is_written(fake_omni):
+    """Qwen3-Omni with async_chunk: speech keeps pace with the text."""
+    engine, omni = await started(async_chunk=True)
+    omni.script.audio_chunks = 4
+    omni.script.text = ["a", "b", "c", "d", "e"]
+    deltas = await collect(engine.generate(request()))
+    audio_positions = [i for i, d in enumerate(deltas) if isinstance(d, AudioDelta)]
+    last_text = max(i for i, d in enumerate(deltas) if isinstance(d, TextDelta))
+    assert len(audio_positions) == 4
+    assert audio_positions[0] < last_text
+    np.testing.assert_array_equal(audio_of(deltas), omni.script.audio)
+
+
+async def test_audio_at_another_rate_is_resampled_to_24k(fake_omni):
+    engine, omni = await started(async_chunk=True)
+    omni.script.sample_rate = 16_000
+    t = np.arange(16_000) / 16_000
+    omni.script.audio = (0.5 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)  # one second of A4
+    audio = audio_of(await collect(engine.generate(request())))
+    assert abs(audio.size - 24_000) <= 48
+    spectrum = np.abs(np.fft.rfft(audio))
+    assert abs(np.argmax(spectrum) * 24_000 / audio.size - 440) < 5
+
+
+# --------------------------------------------------------------------------- cancellation
+
+
+async def test_closing_the_stream_aborts_the_request(fake_omni):
+    engine, omni = await started()
+    stream = engine.generate(request(request_id="resp_closed"))
+    assert isinstance(await anext(stream), TextDelta)
+    await stream.aclose()
+    assert omni.aborted == ["resp_closed"]
+    assert omni.calls[-1].closed_early
+
+
+async def test_cancelling_the_consumer_aborts_the_request(fake_omni):
+    engine, omni = await started()
+    omni.script.hold_after = 1  # the fake model stalls mid-reply
+    first_delta = asyncio.Event()
+
+    async def consume():
+        async for _ in engine.generate(request(request_id="resp_cancelled")):
+            first_delta.set()
+
+    task = asyncio.create_task(consume())
+    await first_delta.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert omni.aborted == ["resp_cancelled"]
+
+
+async def test_a_completed_reply_is_not_aborted(fake_omni):
+    engine, omni = await started()
+    await collect(engine.generate(request()))
+    assert omni.aborted == []
+
+
+async def test_a_failing_stage_becomes_an_engine_error(fake_omni):
+    from inference.engine import EngineError
+
+    engine, omni = await started()
+    omni.script.fail_after = 2
+    with pytest.raises(EngineError, match="stage-1 engine died"):
+        await collect(engine.generate(request(request_id="resp_failed")))
+    assert omni.aborted == ["resp_failed"]
+
+
+# --------------------------------------------------------------------------- tools
+
+
+async def test_tool_call_in_the_text_becomes_a_tool_call_delta(fake_omni):
+    engine, omni = await started()
+    omni.script.text = ["Let me check. ", "<tool", "_call>\n{\"name\": \"get_weather\", ",
+                        "\"arguments\": {\"city\": \"Paris\"}}\n</tool_", "call>"]
+    deltas = await collect(engine.generate(request(UserText("Weather in Paris?"), tools=[WEATHER])))
+
+    assert [d.text for d in deltas if isinstance(d, TextDelta)] == ["Let me check. "]
+    calls = [d for d in deltas if isinstance(d, ToolCallDelta)]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+    assert calls[0].call_id.startswith("call_")
+    assert not any(isinstance(d, AudioDelta) for d in deltas)  # the talker reading JSON aloud is dropped
+    assert deltas[-1].reason == "tool_calls"
+    assert omni.aborted == ["resp_1"]  # no waiting for that speech
+    # Qwen2.5-Omni's template has no tools: they are declared in the system turn instead
+    system_turn = omni.calls[-1].prompt["prompt"].split("<|im_end|>")[0]
+    assert "<tools>" in system_turn and '"name": "get_weather"' in system_turn
+
+
+async def test_tool_history_without_template_support_is_written_in_hermes_format(fake_omni):
+    engine, omni = await started()
+    await collect(engine.generate(request(
+        UserText("Weather in Paris?"), ToolCall("call_1", "get_weather", '{"city": "Paris"}'),
+        ToolResult("call_1", '{"temp_c": 21}'), tools=[WEATHER])))
+    text = omni.calls[-1].prompt["prompt"]
+    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+            "</tool_call><|im_end|>") in text
+    assert '<|im_start|>user\n<tool_response>\n{"temp_c": 21}\n</tool_response><|im_end|>' in text
+
+
+async def test_tools_and_tool_history_go_through_a_template_that_knows_them(fake_omni, monkeypatch):
+    monkeypatch.setattr(prompts, "load_processor", lambda model: Qwen3OmniMoeProcessor())
+    engine, omni = await started("Qwen/Qwen3-Omni-30B-A3B-Instruct")
+    await collect(engine.generate(request(
+        UserAudio(np.zeros(1600, np.float32)), ToolCall("call_1", "get_weather", '{"city": "Paris"}'),
+        ToolResult("call_1", "21 C"), tools=[WEATHER])))
+    text = omni.calls[-1].prompt["prompt"]
+    assert text.startswith("<|im_start|>system\nBe brief.\n\n<tools>\n")  # rendered by the template
+    assert text.count("<|im_start|>system") == 1
+    assert prompts.QWEN2_5_OMNI_SPEECH_SYSTEM_PROMPT not in text
+    assert "<|audio_start|><|audio_pad|><|audio_end|>" in text
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
+    assert "<tool_response>\n21 C\n</tool_response>" in text
+
+
+async def test_tool_choice_none_offers_no_tools_and_parses_none(fake_omni):
+    engine, omni = await started()
+    omni.script.text = ['<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>']
+    deltas = await collect(engine.generate(request(tools=[WEATHER], tool_choice="none", modalities=("text",))))
+    assert "<tools>" not in omni.calls[-1].prompt["prompt"]
+    assert not any(isinstance(d, ToolCallDelta) for d in deltas)
+
+
+async def test_required_tool_choice_is_said_in_the_system_turn(fake_omni):
+    engine, omni = await started()
+    await collect(engine.generate(request(tools=[WEATHER], tool_choice="get_weather")))
+    assert "you must call the tool `get_weather`" in omni.calls[-1].prompt["prompt"]
+
+
+def test_splitter_keeps_text_and_parses_calls_cut_anywhere():
+    reply = 'Sure.<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n<tool_call>{"name": "b"}</tool_call>'
+    for cut in range(1, len(reply)):
+        splitter = ToolCallSplitter()
+        pieces = splitter.feed(reply[:cut]) + splitter.feed(reply[cut:]) + splitter.finish()
+        assert "".join(p for p in pieces if isinstance(p, str)) == "Sure."
+        calls = [(p.name, json.loads(p.arguments)) for p in pieces if isinstance(p, ToolCallDelta)]
+        assert calls == [("a", {"x": 1}), ("b", {})]
+
+
+def test_splitter_passes_malformed_calls_and_lookalike_text_through():
+    splitter = ToolCallSplitter()
+    pieces = splitter.feed("a < b and <tool_call>{not json}</tool_call> <tool") + splitter.finish()
+    assert "".join(pieces) == "a < b and <tool_call>{not json}</tool_call> <tool"
+
+
+# --------------------------------------------------------------------------- the end of a reply
+
+
+async def test_finished_reports_usage_and_timings(fake_omni):
+    engine, omni = await started()
+    audio_id = Qwen2_5OmniProcessor.audio_token_id
+    omni.script.prompt_token_ids = [11, 12, audio_id, audio_id, audio_id, 13]
+    omni.script.talker_tokens = 57
+    deltas = await collect(engine.generate(request(UserAudio(np.zeros(1600, np.float32)))))
+    finished = deltas[-1]
+    assert isinstance(finished, Finished)
+    assert (finished.reason, finished.input_tokens, finished.input_audio_tokens) == ("stop", 6, 3)
+    assert (finished.output_text_tokens, finished.output_audio_tokens) == (3, 57)
+    assert set(finished.timings) == {"first_text_s", "first_audio_s", "total_s"}
+    assert 0 <= finished.timings["first_text_s"] <= finished.timings["first_audio_s"] <= finished.timings["total_s"]
+
+
+async def test_a_reply_cut_by_max_output_tokens_finishes_with_length(fake_omni):
+    engine, omni = await started()
+    omni.script.text = ["a", "b", "c", "d"]
+    deltas = await collect(engine.generate(request(max_output_tokens=2)))
+    assert "".join(d.text for d in deltas if isinstance(d, TextDelta)) == "ab"
+    assert (deltas[-1].reason, deltas[-1].output_text_tokens) == ("length", 2)
+
+
+# --------------------------------------------------------------------------- lifecycle
+
+
+async def test_start_builds_async_omni_with_the_options_and_warms_up(fake_omni, caplog):
+    caplog.set_level("INFO", logger="inference.engine.vllm_omni")
+    engine = create_engine("vllm-omni", "Qwen/Qwen2.5-Omni-7B", deploy_config="/etc/omni/one_gpu.yaml",
+                           stage_overrides='{"1": {"devices": "0"}}', async_chunk=False, max_model_len=8192)
+    await engine.start()
+    omni = fake_omni.AsyncOmni.instances[-1]
+    assert omni.model == "Qwen/Qwen2.5-Omni-7B"
+    assert omni.kwargs == {"deploy_config": "/etc/omni/one_gpu.yaml", "async_chunk": False,
+                           "stage_overrides": {"1": {"devices": "0"}, "0": {"max_model_len": 8192}}}
+    warmup = omni.calls[-1]
+    assert warmup.request_id.startswith("warmup-")
+    assert "multi_modal_data" in warmup.prompt and not warmup.closed_early
+    assert "ready after" in caplog.text
+    await engine.close()
+    assert omni.is_shut_down
+
+
+async def test_generate_before_start_is_an_engine_error():
+    from inference.engine import EngineError
+
+    with pytest.raises(EngineError, match="not started"):
+        await collect(VllmOmniEngine("Qwen/Qwen2.5-Omni-7B").generate(request()))
+
+
+async def test_missing_vllm_omni_names_the_gpu_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm_omni", None)  # import fails, installed or not
+    engine = create_engine("vllm-omni", "Qwen/Qwen2.5-Omni-7B")
+    with pytest.raises(ImportError, match=r"`gpu` extra .*vllm-omni==0\.30\.\*"):
+        await engine.start()
+
+
+# --------------------------------------------------------------------------- fake vs real
+
+
+def _load_real_and_fake(module_names: list[str]) -> tuple[list, list]:
+    """The same modules from the real vllm_omni and from the fake.
+
+    The real modules stay imported afterwards: importing them twice would register their
+    Prometheus metrics twice.
+    """
+    real = [importlib.import_module(m) for m in module_names]
+    real_modules = {m: sys.modules.pop(m) for m in list(sys.modules) if m == "vllm_omni" or m.startswith("vllm_omni.")}
+    sys.path.insert(0, str(FAKES))
+    try:
+        fake = [importlib.import_module(m) for m in module_names]
+    finally:
+        sys.path.remove(str(FAKES))
+        _forget_vllm_omni()
+        sys.modules.update(real_modules)
+    return real, fake
+
+
+def _shape(func) -> list[tuple]:
+    """A signature without annotations (the real ones are postponed strings)."""
+    return [(p.name, p.kind, p.default) for p in inspect.signature(func).parameters.values()]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm_omni") is None or importlib.util.find_spec("vllm") is None,
+                    reason="the real vllm-omni is not installed (needs the gpu extra)")
+def test_fake_matches_the_installed_vllm_omni():
+    import vllm
+    from vllm.outputs import CompletionOutput
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    assert vllm.__version__.startswith("0.30."), "the fake mirrors vllm 0.30; update it with the pin"
+    names = ["vllm_omni", "vllm_omni.entrypoints.async_omni", "vllm_omni.entrypoints.utils",
+             "vllm_omni.outputs", "vllm_omni.outputs.mm_outputs"]
+    (real_pkg, real_omni, real_utils, real_out, real_mm), (fake_pkg, fake_omni, fake_utils, fake_out, fake_mm) = \
+        _load_real_and_fake(names)
+    assert real_pkg.__version__.startswith("0.30."), "the fake mirrors vllm-omni 0.30; update it with the pin"
+
+    for method in ("__init__", "generate", "abort", "shutdown"):
+        assert _shape(getattr(fake_omni.AsyncOmni, method)) == _shape(getattr(real_omni.AsyncOmni, method)), method
+    assert inspect.isasyncgenfunction(real_omni.AsyncOmni.generate)
+    assert _shape(fake_utils.coerce_param_message_types) == _shape(real_utils.coerce_param_message_types)
+    assert _shape(fake_mm.MultimodalCompletionOutput.__init__)[:2] == \
+        _shape(real_mm.MultimodalCompletionOutput.__init__)[:2]
+
+    real_fields = {f.name: f.default for f in fields(real_out.OmniRequestOutput)}
+    for f in fields(fake_out.OmniRequestOutput):
+        assert f.name in real_fields and f.default == real_fields[f.name], f.name
+    assert isinstance(real_out.OmniRequestOutput.multimodal_output, property)
+    assert {f.name for f in fields(fake_mm.MultimodalPayload)} == {f.name for f in fields(real_mm.MultimodalPayload)}
+
+    fake_vllm = importlib.import_module("tests.fakes.vllm_omni._fake_vllm")
+    assert [k.name for k in fake_vllm.RequestOutputKind] == [k.name for k in RequestOutputKind]
+    real_defaults = SamplingParams()
+    for f in fields(fake_vllm.SamplingParams):
+        real_default = getattr(real_defaults, f.name)
+        assert getattr(real_default, "name", real_default) == getattr(f.default, "name", f.default), f.name
+    real_completion = {f.name for f in fields(CompletionOutput)}
+    assert {f.name for f in fields(fake_vllm.CompletionOutput)} <= real_completion
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm_omni") is None or importlib.util.find_spec("vllm") is None,
+                    reason="the real vllm-omni is not installed (needs the gpu extra)")
+def test_engine_reads_real_output_objects():
+    """The objects the real pipeline yields, built as its output processor builds them."""
+    import torch
+    from vllm.outputs import CompletionOutput
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+    from vllm_omni.entrypoints.utils import coerce_param_message_types
+    from vllm_omni.outputs import OmniRequestOutput
+    from vllm_omni.outputs.mm_outputs import MultimodalCompletionOutput, MultimodalPayload
+
+    from inference.engine.vllm_omni import outputs
+
+    defaults = [SamplingParams(max_tokens=2048), SamplingParams(max_tokens=2048)]
+    params = coerce_param_message_types([p.clone() for p in defaults], is_streaming=True)
+    assert [p.output_kind for p in params] == [RequestOutputKind.DELTA] * 2
+    assert defaults[0].output_kind == RequestOutputKind.CUMULATIVE
+
+    text = OmniRequestOutput(request_id="r", prompt_token_ids=[1, 2], finished=False, stage_id=0,
+                             final_output_type="text",
+                             outputs=[CompletionOutput(index=0, text="Hi", token_ids=[7], cumulative_logprob=None,
+                                                       logprobs=None)])
+    assert outputs.is_text(text) and outputs.completion(text).text == "Hi"
+
+    chunks = [torch.ones(1, 4), torch.zeros(1, 2)]  # two chunks landed between two outputs
+    payload = MultimodalPayload.from_dict({"audio": chunks, "sr": torch.tensor(16_000)})
+    audio = OmniRequestOutput(
+        request_id="r", finished=False, stage_id=2, final_output_type="audio",
+        metrics={"stage_metrics": {"1": {"stage_name": "talker", "num_tokens_out": 12}}},
+        outputs=[MultimodalCompletionOutput(multimodal_output=payload, index=0, text="", token_ids=[],
+                                            cumulative_logprob=None, logprobs=None)])
+    samples, rate = outputs.audio_samples(audio)
+    assert outputs.is_audio(audio) and rate == 16_000
+    np.testing.assert_array_equal(samples, [1, 1, 1, 1, 0, 0])
+    assert outputs.talker_tokens(audio) == 12
