@@ -1,9 +1,9 @@
 """One reply, generated step by step in a worker thread: thinker → talker → token2wav.
 
 Each loop iteration is one "decode step": the thinker feeds its last token (which yields
-that token's hidden state for the talker) and samples the next; the talker takes one reply
-element and samples one codec code; whenever enough codes are there, token2wav turns the
-next chunk into audio. Text, audio and tool calls leave through `emit` as they are made.
+that token's hidden state for the talker) and samples the next; the `Voice` takes one reply
+element, samples one codec code and, whenever enough codes are there, turns the next chunk
+into audio. Text, audio and tool calls leave through `emit` as they are made.
 
 The talker trails the thinker by one token, exactly the data dependency of the offline
 `generate()`: its step j needs the thinker's hidden state of reply token j.
@@ -16,7 +16,6 @@ import logging
 import math
 import secrets
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -28,9 +27,9 @@ from .detokenize import IncrementalDecoder
 from .loading import LoadedModel
 from .prompt import Prompt, build_prompt, tools_offered
 from .sampling import TALKER_SAMPLING, SamplingParams, TokenSampler
-from .talker import TalkerRunner
 from .thinker import ThinkerRunner
-from .token2wav_stream import Cancelled, ChunkPlan, StreamingToken2Wav
+from .token2wav_stream import Cancelled, ChunkPlan
+from .voice import Voice
 from .tool_calls import OPEN_TAG, ParsedCall, ToolCallParser, new_call_id
 
 logger = logging.getLogger(__name__)
@@ -61,7 +60,7 @@ class Generation:
         self.grammar = grammar
         self.settings = settings
         self.request = request
-        self.voice = voice
+        self.voice_name = voice
         self._emit = emit
         self.cancelled = cancelled
         self.on_step = on_step
@@ -69,12 +68,11 @@ class Generation:
         self.timings: dict[str, float] = {"queue_wait_s": queue_wait}
         self.audio_samples = 0
         self.output_tokens = 0
-        self.audio_codes = 0
         self.decode_steps = 0
         self.decode_time = 0.0
-        self.token2wav_time = 0.0
         self.tool_calls = 0
         self.prompt_tokens_in_reply = 0
+        self.voice: Voice | None = None
         seed = settings.seed if settings.seed is not None else secrets.randbits(63)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
@@ -82,7 +80,6 @@ class Generation:
 
     def run(self) -> None:
         thinker = ThinkerRunner(self.model.thinker, self.device)
-        talker: TalkerRunner | None = None
         try:
             with torch.inference_mode():
                 forced = self._forced_tools()
@@ -94,140 +91,82 @@ class Generation:
                 if forced:
                     reason = self._forced_call(thinker, out.logits, forced, prefix)
                 else:
-                    reason, talker = self._reply(thinker, prompt, out)
+                    reason = self._reply(thinker, prompt, out)
         finally:
             thinker.release()
-            if talker is not None:
-                talker.release()
+            if self.voice is not None:
+                self.voice.release()
         self._finish(reason, prompt)
 
     # ----------------------------------------------------------------- free reply
 
-    def _reply(self, thinker: ThinkerRunner, prompt: Prompt, prefill) -> tuple[str, TalkerRunner | None]:
-        speak = "audio" in self.request.modalities
+    def _reply(self, thinker: ThinkerRunner, prompt: Prompt, prefill) -> str:
+        """A free reply: text (and speech) until the end of turn or a length limit."""
         sampler = TokenSampler(SamplingParams.from_generation_config(
             self.model.thinker.generation_config), self.device, generator=self.generator)
         stop_ids = self._stop_ids()
         tool_open_id = self._single_token_id(OPEN_TAG)
         max_new = self._max_new_tokens()
         text = _TextChannel(self.tokenizer, self._emit_text, self._emit_call)
+        voice = None
+        if "audio" in self.request.modalities:
+            voice = Voice(
+                self.model, self.voice_name, prompt, prefill.hidden + prefill.embeds, thinker.embed,
+                sampling=self.settings.talker_sampling, chunk_plan=self.settings.chunk_plan,
+                min_seconds=self.settings.min_audio_seconds,
+                max_seconds=self.settings.max_audio_seconds, device=self.device,
+                generator=self.generator, cancelled=self.cancelled, on_audio=self._emit_audio)
+        self.voice = voice
 
-        history = prompt.input_ids.to(self.device)
-        reply_ids: list[int] = []
+        history = prompt.input_ids.to(self.device)  # for a repetition penalty, if configured
         token = sampler(prefill.logits, history if sampler.needs_history else None)
-
-        # the talker's reply stream: (token id, hidden + embedding) of each fed reply token,
-        # then the text-eos embedding; after that it reads the text-pad embedding
-        voice_open = speak
-        reply_stream: deque[tuple[int | None, torch.Tensor]] = deque()
-        talker: TalkerRunner | None = None
-        audio: StreamingToken2Wav | None = None
-        prompt_inputs = prefill.hidden + prefill.embeds if speak else None
-        talker_config = self.model.talker.config
-        text_eos = thinker.embed(talker_config.tts_text_end_token_id)
-        text_pad = thinker.embed(talker_config.tts_text_pad_token_id)
+        reply_tokens = 0
         thinker_done = False
         reason = "stop"
-
         while True:
             if self.cancelled():
                 raise Cancelled()
             step_started = time.monotonic()
             if not thinker_done:
-                reply_ids.append(token)
-                self.output_tokens += 1
-                finished_text = token in stop_ids
-                if not finished_text:
+                reply_tokens += 1
+                ended = token in stop_ids
+                if not ended:
                     text.push(token)
-                if token == tool_open_id:
-                    voice_open = self._close_voice(voice_open, reply_stream, text_eos)
-                if finished_text or len(reply_ids) >= max_new:
+                if token == tool_open_id and voice is not None:
+                    voice.close()  # tool calls are not spoken
+                if ended or reply_tokens >= max_new:
                     # like generate(), the last sampled token is never fed back
                     thinker_done = True
-                    reason = "stop" if finished_text else "length"
-                    voice_open = self._close_voice(voice_open, reply_stream, text_eos)
+                    reason = "stop" if ended else "length"
                     text.finish()
+                    if voice is not None:
+                        voice.close()
                 else:
                     fed = thinker.step([token])
-                    if voice_open and not (talker is not None and talker.finished):
-                        reply_stream.append((token, fed.hidden + fed.embeds))
+                    if voice is not None:
+                        voice.add(token, fed.hidden + fed.embeds)
                     if sampler.needs_history:
                         history = torch.cat([history, torch.tensor([[token]], device=self.device)], 1)
                     token = sampler(fed.logits, history if sampler.needs_history else None)
-
-            if talker is None and reply_stream and reply_stream[0][0] is None:
-                reply_stream.clear()  # the reply has no spoken text: nothing for the talker
-            if talker is None and reply_stream:
-                first_id, first_input = reply_stream.popleft()
-                talker, audio = self._start_talker(prompt, prompt_inputs, first_id, first_input)
-                prompt_inputs = None  # in the talker's KV cache now
-                self._after_code(talker, audio)
-            elif talker is not None and not talker.finished:
-                if reply_stream:
-                    talker.step(reply_stream.popleft()[1])
-                    self._after_code(talker, audio)
-                elif not voice_open:
-                    talker.step(text_pad)
-                    self._after_code(talker, audio)
-
-            self.decode_steps += 1
-            self.decode_time += time.monotonic() - step_started
-            self.on_step()
-            talker_idle = talker.finished if talker is not None else not reply_stream
-            if thinker_done and talker_idle:
+            if voice is not None:
+                voice.step()
+            self._count_step(step_started)
+            if thinker_done and (voice is None or voice.idle):
                 break
 
-        if audio is not None:
+        self.output_tokens = reply_tokens
+        if voice is not None:
             flush_started = time.monotonic()
-            self._emit_audio(self._timed_token2wav(audio.flush))
+            voice.flush()
             self.decode_time += time.monotonic() - flush_started
         if self.tool_calls:
             reason = "tool_calls"
-        return reason, talker
+        return reason
 
-    @staticmethod
-    def _close_voice(voice_open: bool, reply_stream: deque, text_eos: torch.Tensor) -> bool:
-        """The spoken text is over: the talker reads the text-eos embedding next."""
-        if voice_open:
-            reply_stream.append((None, text_eos))
-        return False
-
-    def _start_talker(self, prompt: Prompt, prompt_inputs: torch.Tensor, first_id: int,
-                      first_input: torch.Tensor) -> tuple[TalkerRunner, StreamingToken2Wav]:
-        speaker = self.model.speaker_map[self.voice]
-        dit = self.model.token2wav.code2wav_dit_model
-        samples_per_frame = math.prod(self.model.token2wav.code2wav_bigvgan_model.config.upsample_rates)
-        codes_per_second = 24_000 / (dit.repeats * samples_per_frame)
-        max_codes = max(1, int(self.settings.max_audio_seconds * codes_per_second))
-        min_codes = min(int(self.settings.min_audio_seconds * codes_per_second), max_codes)
-        talker = TalkerRunner(
-            self.model.talker, codebook_size=dit.config.num_embeds + 1,
-            sampler_factory=lambda suppress: TokenSampler(
-                self.settings.talker_sampling, self.device, suppress_ids=suppress, generator=self.generator),
-            max_codes=max_codes, min_codes=min_codes, device=self.device)
-        audio_lengths = None
-        if prompt.feature_attention_mask is not None:
-            audio_lengths = prompt.feature_attention_mask.sum(dim=1).to(self.device)
-        bos_id = int(speaker["bos_token"])
-        talker.start(prompt.input_ids, prompt_inputs, bos_id, self._thinker_embed(bos_id),
-                     first_id, first_input, audio_lengths)
-        audio = StreamingToken2Wav(self.model.token2wav, speaker, self.settings.chunk_plan,
-                                   self.device, self.generator, self.cancelled)
-        return talker, audio
-
-    def _after_code(self, talker: TalkerRunner, audio: StreamingToken2Wav) -> None:
-        if talker.last_code in talker.end_codes:
-            return
-        self.audio_codes += 1
-        audio.push(talker.last_code)
-        if audio.ready():
-            self._emit_audio(self._timed_token2wav(audio.decode_chunk))
-
-    def _timed_token2wav(self, decode: Callable[[], object]):
-        started = time.monotonic()
-        samples = decode()
-        self.token2wav_time += time.monotonic() - started
-        return samples
+    def _count_step(self, started: float) -> None:
+        self.decode_steps += 1
+        self.decode_time += time.monotonic() - started
+        self.on_step()
 
     # ----------------------------------------------------------------- forced tool call
 
@@ -274,9 +213,7 @@ class Generation:
             done = decoder.done
             if not done:
                 logits = thinker.step([ids[-1]]).logits
-            self.decode_steps += 1
-            self.decode_time += time.monotonic() - step_started
-            self.on_step()
+            self._count_step(step_started)
             if done:
                 break
         body = self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -313,11 +250,12 @@ class Generation:
         self.timings["audio_s"] = self.audio_samples / 24_000
         self.timings["decode_steps"] = float(self.decode_steps)
         self.timings["decode_s"] = self.decode_time  # all decode steps, token2wav included
-        self.timings["token2wav_s"] = self.token2wav_time
+        voice = self.voice
+        self.timings["token2wav_s"] = voice.token2wav_time if voice is not None else 0.0
         self._emit(Finished(
             reason=reason, input_tokens=int(prompt.input_ids.shape[1]) - self.prompt_tokens_in_reply,
             input_audio_tokens=prompt.audio_tokens, output_text_tokens=self.output_tokens,
-            output_audio_tokens=self.audio_codes, timings=dict(self.timings)))
+            output_audio_tokens=voice.codes if voice is not None else 0, timings=dict(self.timings)))
 
     # ----------------------------------------------------------------- helpers
 
@@ -341,9 +279,6 @@ class Generation:
         token_id = self.tokenizer.convert_tokens_to_ids(text)
         return token_id if isinstance(token_id, int) and token_id != self.tokenizer.unk_token_id else None
 
-    def _thinker_embed(self, token_id: int) -> torch.Tensor:
-        ids = torch.tensor([[token_id]], dtype=torch.long, device=self.device)
-        return self.model.thinker.get_input_embeddings()(ids)
 
 
 class _TextChannel:
