@@ -38,6 +38,7 @@ GPU_EXTRA_HINT = (
     "with an NVIDIA GPU: pip install -e '.[gpu]'"
 )
 WARMUP_MAX_TOKENS = 8
+ABORT_TIMEOUT_S = 2.0  # what vllm-omni allows its own clean-up abort
 
 
 class VllmOmniEngine(OmniEngine):
@@ -148,9 +149,7 @@ class VllmOmniEngine(OmniEngine):
         except Exception as exc:  # vllm-omni's own errors, e.g. a dead stage or a prompt too long
             raise EngineError(f"vllm-omni generation failed: {exc}") from exc
         finally:
-            if not completed:
-                await self._abort(request.request_id)
-            await stream.aclose()
+            await self._stop(stream, request.request_id, abort=not completed)
         for delta in reply.finish():
             yield delta
 
@@ -161,11 +160,18 @@ class VllmOmniEngine(OmniEngine):
             params[0].max_tokens = request.max_output_tokens
         return self._as_delta_params(params, is_streaming=True)
 
-    async def _abort(self, request_id: str) -> None:
+    async def _stop(self, stream: Any, request_id: str, abort: bool) -> None:
+        """Free the request in every stage (unless it completed) and close vllm-omni's stream."""
+        # Failures here are logged, never raised: they must not hide why we are stopping.
+        if abort:
+            try:
+                await self._omni.abort(request_id, timeout=ABORT_TIMEOUT_S)
+            except Exception:
+                logger.exception("vllm-omni: aborting request %s failed", request_id)
         try:
-            await self._omni.abort(request_id)
-        except Exception:  # never hide the reason we are stopping behind a failed abort
-            logger.exception("vllm-omni: abort of %s failed", request_id)
+            await stream.aclose()
+        except Exception:
+            logger.exception("vllm-omni: closing the stream of request %s failed", request_id)
 
 
 class _Reply:

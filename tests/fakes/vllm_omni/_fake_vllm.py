@@ -7,7 +7,7 @@ Only the fields the engine and the fake use are here, with the real names and de
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
