@@ -10,6 +10,10 @@ from livekit.agents import APIConnectionError, APIStatusError
 
 # Worker error codes that no retry can fix: the session must end.
 FATAL_ERROR_CODES = frozenset({"invalid_api_key"})
+# A ping every 20 s; a worker that leaves one unanswered for 10 s is gone (its host vanished
+# without closing the connection). The worker's event loop never blocks that long: its engine
+# runs in threads.
+HEARTBEAT_S = 20.0
 
 
 async def connect(
@@ -20,7 +24,7 @@ async def connect(
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     try:
-        return await asyncio.wait_for(http.ws_connect(url, headers=headers), timeout)
+        return await asyncio.wait_for(http.ws_connect(url, headers=headers, heartbeat=HEARTBEAT_S), timeout)
     except aiohttp.WSServerHandshakeError as e:
         raise refused(url, e.status) from None
     except asyncio.TimeoutError:

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 MIN_COMMIT_SAMPLES = audio.INPUT_SAMPLE_RATE // 10  # the worker refuses commits under 100 ms
 REPLAY_APPEND_BYTES = 5 * audio.INPUT_SAMPLE_RATE * 2  # 5 s per append (the worker takes 10 s)
+MAX_EVENT_BYTES = 2 * 1024 * 1024  # the worker's default limit on one event (OMNI_LIMIT_MAX_EVENT_BYTES)
 # Worker errors that only mean a race we already handle (e.g. cancelling a response that has
 # just finished): logged, not reported.
 RACE_ERROR_CODES = frozenset({"response_cancel_not_active"})
@@ -93,7 +94,6 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         self._committing: deque[tuple[str, bytes]] = deque()  # commits sent, not acknowledged
         self._committed_audio: dict[str, bytes] = {}  # item id → its audio, until item.added
         self._assistant_audio_samples: dict[str, int] = {}  # audio the worker holds, per item
-        self._pending_truncations: dict[str, str | None] = {}  # item id → heard transcript
 
         self._chat_ctx_lock = asyncio.Lock()
         self._tools_lock = asyncio.Lock()
@@ -104,7 +104,6 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             "conversation.item.added": self._on_item_added,
             "conversation.item.done": self._on_item_done,
             "conversation.item.deleted": self._on_item_deleted,
-            "conversation.item.truncated": self._on_item_truncated,
             "conversation.item.input_audio_transcription.completed": self._on_input_transcript,
             "response.created": self._on_response_created,
             "response.output_item.added": self._on_output_item_added,
@@ -281,8 +280,11 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             if end_ms <= 0:
                 self._start_item_op(self._delete_op(message_id))  # nothing was heard
                 return
-            self._pending_truncations[message_id] = heard
             self._send(wire.truncate_item(message_id, end_ms, heard))
+            if heard is not None:
+                # noted now, not on confirmation: a truncation lost with the connection is then
+                # still right in the replay
+                self._set_mirror_text(message_id, heard)
             return
         # a text reply, or one replayed after a reconnection: the worker holds its text only,
         # so the heard text replaces it
@@ -422,6 +424,11 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
                                    self._failures + 1, max_retry)
                     await asyncio.sleep(delay)
                     self._failures += 1
+                except Exception as e:  # a bug of ours: end the session rather than hang it
+                    logger.exception("the omni realtime session failed")
+                    self._connection_lost(str(e))
+                    self._emit_error(e, recoverable=False)
+                    return
         finally:
             self._outbox.close()
             self._connection_lost("the omni realtime session is closed")
@@ -466,6 +473,11 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
                 self._remote.delete(item.id)  # nothing the worker could hold (an unheard reply)
                 continue
             event = wire.create_item(wire_item, previous_item_id=None)
+            if len(json.dumps(event)) > MAX_EVENT_BYTES:
+                logger.warning("item %s is too large to replay (a spoken turn of more than ~45 s); "
+                               "the new worker will not have it", item.id)
+                self._remote.delete(item.id)
+                continue
             self._item_ops[event["event_id"]] = _ItemOp(event=event, kind="create", item_id=item.id, replay=True)
             await self._send_now(ws, event)
         for op in [op for op in self._item_ops.values() if op.sent and not op.replay]:
@@ -502,7 +514,12 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         while True:
             msg = await ws.receive()
             if msg.type == aiohttp.WSMsgType.TEXT:
-                self._dispatch(json.loads(msg.data))
+                try:
+                    event = json.loads(msg.data)
+                except json.JSONDecodeError:
+                    logger.warning("the omni worker sent something that is not JSON: %.200s", msg.data)
+                    continue
+                self._dispatch(event)
             elif msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING,
                               aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):
                 if self._closing:
@@ -635,13 +652,6 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         if op is not None and op.future is not None and not op.future.done():
             op.future.set_result(None)
 
-    def _on_item_truncated(self, event: dict[str, Any]) -> None:
-        item_id = event["item_id"]
-        heard = self._pending_truncations.pop(item_id, None)
-        remote = self._remote.get(item_id)
-        if heard is not None and remote is not None and isinstance(remote.item, llm.ChatMessage):
-            remote.item.content = [heard] if heard else []
-
     def _on_input_transcript(self, event: dict[str, Any]) -> None:
         transcript = event.get("transcript") or ""
         remote = self._remote.get(event["item_id"])
@@ -655,6 +665,8 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
     # ------------------------------------------------------------------ responses
 
     def _on_response_created(self, event: dict[str, Any]) -> None:
+        if self._generation is not None:  # the worker runs one response at a time; never hang one
+            self._finish_generation(self._generation)
         response = event["response"]
         create_id = (response.get("metadata") or {}).get("client_event_id")
         if create_id in self._discarded_replies:

@@ -19,8 +19,6 @@ import wave
 from collections import deque
 from pathlib import Path
 
-import numpy as np
-
 from livekit import rtc
 from livekit.agents.voice import io
 
@@ -167,9 +165,3 @@ class RecordingSpeaker(io.AudioOutput):
         if self._player is not None:
             self._player.cancel()
 
-
-def pcm16_of(frames: list[rtc.AudioFrame]) -> np.ndarray:
-    """Frames as one int16 array (to check what was played)."""
-    if not frames:
-        return np.zeros(0, np.int16)
-    return np.concatenate([np.frombuffer(f.data, np.int16) for f in frames])

@@ -469,6 +469,29 @@ async def test_reconnect_replays_the_conversation(gateway, open_session):
     assert [(i.id, i.role) for i in session.chat_ctx.items][:2] == before
 
 
+async def test_truncating_a_replayed_reply_replaces_its_text(gateway, open_session):
+    session, rec = open_session(conn_options=APIConnectOptions(max_retry=20, retry_interval=0.05, timeout=2))
+    await speak(session, 0.3)
+    [(message_id, _, _)], _ = await read_generation(await session.generate_reply())
+    await gateway.stop()
+    await gateway.start()
+    await asyncio.wait_for(rec.reconnected.wait(), 10)
+
+    # the new worker holds the reply as text only, with no audio to cut
+    session.truncate(message_id=message_id, modalities=["audio", "text"], audio_end_ms=300, audio_transcript="word0")
+    for _ in range(200):  # deleted, then created again with the heard text
+        item = session.chat_ctx.get_by_id(message_id)
+        if item is not None and item.content == ["word0"]:
+            break
+        await asyncio.sleep(0.01)
+    await read_generation(await session.generate_reply())
+    context = gateway.engine.requests[-1].context
+    assert context_kinds(gateway.engine.requests[-1]) == ["UserAudio", "AssistantText"]
+    assert context[1].text == "word0"
+    assert [i.id for i in session.chat_ctx.items][1] == message_id
+    assert all(e.recoverable for e in rec.errors)
+
+
 async def test_reconnect_replays_an_open_turn(gateway, open_session):
     session, rec = open_session(conn_options=APIConnectOptions(max_retry=20, retry_interval=0.05, timeout=2))
     for frame in room_frames(0.5):
