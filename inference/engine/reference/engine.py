@@ -19,11 +19,11 @@ import numpy as np
 import torch
 
 from ..base import (
-    Delta, EngineError, Finished, GenerationRequest, OmniEngine, UserAudio, UserText,
+    AudioDelta, Delta, EngineError, Finished, GenerationRequest, OmniEngine, UserAudio, UserText,
 )
 from .generation import Generation, GenerationSettings
 from .loading import LoadedModel, load_model, resolve_device, resolve_dtype
-from .token2wav_stream import Cancelled, ChunkPlan
+from .token2wav_stream import Cancelled, ChunkPlan, StreamingToken2Wav
 
 logger = logging.getLogger(__name__)
 
@@ -147,9 +147,23 @@ class ReferenceEngine(OmniEngine):
         request = GenerationRequest(
             request_id="warmup", instructions="", context=[UserAudio(noise), UserText("Hi")],
             modalities=("audio",), max_output_tokens=8)
-        async for _ in self.generate(request):
-            pass
+        spoke = False
+        async for delta in self.generate(request):
+            spoke = spoke or isinstance(delta, AudioDelta)
+        if not spoke:  # the reply ended before any audio: warm token2wav up on its own
+            await asyncio.to_thread(self._warm_up_token2wav)
         logger.info("warm-up done in %.2f s", time.monotonic() - started)
+
+    def _warm_up_token2wav(self) -> None:
+        model = self.loaded.model
+        speaker = model.speaker_map[self.voices[0]]
+        stream = StreamingToken2Wav(model.token2wav, speaker, self.settings.chunk_plan,
+                                    self.device, torch.Generator(device=self.device).manual_seed(0))
+        with torch.inference_mode():
+            while not stream.ready():
+                stream.push(0)
+            stream.decode_chunk()
+            stream.flush()
 
     # ----------------------------------------------------------------- generation
 
