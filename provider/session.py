@@ -413,7 +413,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
                     if not e.retryable or self._failures >= max_retry:
                         if e.retryable:
                             e = APIConnectionError(
-                                f"gave up on the omni worker after {self._failures + 1} attempts: {e.message}",
+                                f"gave up on the omni worker after {self._failures} retries: {e.message}",
                                 retryable=False,
                             )
                         self._emit_error(e, recoverable=False)
@@ -467,6 +467,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         if not replay:
             return
         self._assistant_audio_samples.clear()  # the new worker holds earlier replies as text
+        self._item_ops = {key: op for key, op in self._item_ops.items() if not op.replay}  # a lost replay's
         for item in self._remote.to_chat_ctx().items:
             wire_item = wire.chat_item_to_wire(item)
             if wire_item is None:
@@ -542,9 +543,10 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         """Settle what the lost worker can no longer answer; the rest is replayed."""
         self._ws = None
         if self._generation is not None:
-            logger.warning("the reply in progress ended early: %s", reason)
+            if not self._closing:
+                logger.warning("the reply in progress ended early: %s", reason)
             self._finish_generation(self._generation)
-        for create_id, future in list(self._reply_futures.items()):
+        for future in list(self._reply_futures.values()):
             if not future.done():
                 future.set_exception(llm.RealtimeError(f"generate_reply: {reason}"))
         for future in self._update_futures.values():
