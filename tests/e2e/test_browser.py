@@ -3,7 +3,7 @@ agent through a real LiveKit server.
 
     local_stack (tests/e2e/conftest.py): LiveKit server + omni worker (tiny-random) + agent
     + scripts/web-serve (the page and its token endpoint)
-    + Chromium, whose fake microphone plays tests/data/hello_agent_16k.wav in a loop
+    + Chromium, whose fake microphone plays a spoken question, then 10 s of silence, in a loop
 
 The page exposes what it saw in `window.omniAgent` (see web/src/main.js): connection status,
 WebRTC inbound audio counters, transcript lines.
@@ -14,6 +14,7 @@ Needs Debian `chromium`, the LiveKit server binary and npm (scripts/setup instal
 from __future__ import annotations
 
 import json
+import wave
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,10 @@ from web.headless import BrowserError, HeadlessChromium, find_chromium
 
 pytestmark = pytest.mark.e2e
 
-SPEECH_WAV = Path(__file__).resolve().parents[1] / "data" / "hello_agent_16k.wav"
+QUESTION_WAV = Path(__file__).resolve().parents[1] / "data" / "e2e_q1_time.wav"  # scripts/make-test-speech.sh
+# Chromium loops the microphone file. The silence lets the agent finish its answer before the
+# question comes again (a new question would interrupt it), even when the CPU is slow.
+SILENCE_AFTER_QUESTION_S = 10.0
 WEB_PORT = 18443  # the browser tests own ports 18400-18499
 NO_LIVEKIT_WEB_PORT, NO_LIVEKIT_PORT = 18444, 18445  # nothing listens on the latter
 # Generous bounds for 2 loaded CPU cores: the agent's job process loads VAD and turn-detector
@@ -46,10 +50,27 @@ def web_page_url(local_stack, tmp_path_factory):
 
 
 @pytest.fixture
-async def browser(tmp_path):
+def microphone_wav(tmp_path) -> Path:
+    """The question with half a second of silence before it and SILENCE_AFTER_QUESTION_S after."""
+    with wave.open(str(QUESTION_WAV)) as question:
+        params, speech = question.getparams(), question.readframes(question.getnframes())
+    frame_bytes = params.sampwidth * params.nchannels
+
+    def silence(seconds: float) -> bytes:
+        return bytes(int(seconds * params.framerate) * frame_bytes)
+
+    path = tmp_path / "microphone.wav"
+    with wave.open(str(path), "wb") as out:
+        out.setparams(params)
+        out.writeframes(silence(0.5) + speech + silence(SILENCE_AFTER_QUESTION_S))
+    return path
+
+
+@pytest.fixture
+async def browser(tmp_path, microphone_wav):
     if find_chromium() is None:
         pytest.skip("no Chromium: apt-get install chromium")
-    async with HeadlessChromium(fake_microphone_wav=SPEECH_WAV, log_path=tmp_path / "chromium.log") as chromium:
+    async with HeadlessChromium(fake_microphone_wav=microphone_wav, log_path=tmp_path / "chromium.log") as chromium:
         yield chromium
 
 
