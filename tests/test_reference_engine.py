@@ -174,6 +174,7 @@ async def test_audio_is_24khz_float32(engine):
     finished = deltas[-1]
     assert audio.dtype == np.float32 and audio.ndim == 1 and len(audio) > 0
     assert np.all(np.isfinite(audio)) and np.abs(audio).max() <= 1.0
+    assert np.sqrt(np.mean(audio ** 2)) > 1e-3  # audible, not numerically silent
     assert finished.timings["audio_s"] == pytest.approx(len(audio) / 24_000)
     # each codec code is 2 mel frames of 240 samples
     assert len(audio) == finished.output_audio_tokens * 480

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-BUILD_VERSION = "v1"
+BUILD_VERSION = "v2"
 SEED = 1234
 VOICES = ("Chelsie", "Ethan")
 
@@ -121,6 +121,7 @@ def build_tiny_model(out_dir: Path) -> None:
 
     with _seeded(SEED):
         model = Qwen2_5OmniForConditionalGeneration(config).eval()
+        _make_vocoder_audible(model.token2wav.code2wav_bigvgan_model)
         speakers = _speakers(ids, cond_dim=config.token2wav_config.dit_config.enc_emb_dim)
     model.generation_config.eos_token_id = [ids["<|im_end|>"], ids["<|endoftext|>"]]
     model.generation_config.pad_token_id = ids["<|endoftext|>"]
@@ -249,6 +250,25 @@ def _model_config(ids: dict[str, int], vocab_size: int):
         thinker_config=thinker, talker_config=talker, token2wav_config=token2wav,
         enable_audio_output=True,
     )
+
+
+def _make_vocoder_audible(vocoder) -> None:
+    """At the default init (std 0.02) the signal shrinks through every vocoder layer and a
+    random BigVGAN outputs ~1e-7: silence, which tests cannot tell from no audio. Variance-
+    preserving weights keep it at an audible level."""
+    import torch
+
+    with torch.no_grad():
+        for module in vocoder.modules():
+            if isinstance(module, (torch.nn.Conv1d, torch.nn.ConvTranspose1d)):
+                fan_in = module.weight.shape[1] * module.weight.shape[2]
+                if isinstance(module, torch.nn.ConvTranspose1d):
+                    fan_in = module.weight.shape[0] * module.weight.shape[2] // module.stride[0]
+                module.weight.normal_(0.0, fan_in ** -0.5)
+                if module.bias is not None:
+                    module.bias.zero_()
+        # the residual blocks still grow the signal ~3x per stage: bring the output to ~0.1 RMS
+        vocoder.conv_post.weight.mul_(0.0005)
 
 
 def _speakers(ids: dict[str, int], cond_dim: int) -> dict:
