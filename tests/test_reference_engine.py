@@ -384,3 +384,25 @@ def test_prompt_features_equal_the_processors(engine):
         used = mask[clip].bool()
         torch.testing.assert_close(prompt.input_features[clip][:, used[:frames]],
                                    reference["input_features"][clip][:, used])
+
+
+def test_chunked_vocoding_equals_one_shot_vocoding(engine):
+    """With `vocoder_context` frames on both sides, chunk seams are inaudible: the chunks join
+    into what BigVGAN makes of the whole mel at once (here the right context is the true mel;
+    in streaming it is the DiT's provisional look-ahead)."""
+    from inference.engine.reference.token2wav_stream import ChunkPlan, StreamingToken2Wav
+
+    model = engine.loaded.model
+    stream = StreamingToken2Wav(model.token2wav, model.speaker_map["Chelsie"], ChunkPlan(),
+                                torch.device("cpu"), None)
+    mel = torch.randn(1, 80, 120, generator=torch.Generator().manual_seed(5)) - 4.0
+    with torch.inference_mode():
+        whole = model.token2wav.code2wav_bigvgan_model(mel).numpy()
+        pieces, start = [], 0
+        for length in (24, 48, 48):
+            end = start + length
+            pieces.append(stream._vocode(mel[:, :, start:end], mel[:, :, end:end + 20]))
+            start = end
+    joined = np.concatenate(pieces)
+    assert joined.shape == whole.shape
+    assert np.sqrt(np.mean((joined - whole) ** 2)) < 1e-4 * np.sqrt(np.mean(whole ** 2))

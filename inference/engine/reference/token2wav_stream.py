@@ -1,21 +1,24 @@
 """Codec codes → 24 kHz audio in chunks, while the talker is still producing codes.
 
 The offline path (`Qwen2_5OmniToken2WavModel.forward`) runs the DiT's ODE over all codes at
-once, then BigVGAN. Streaming follows Qwen's own recipe for this DiT (the one behind its
-`process_chunk` helpers): the DiT attends within blocks of `block_size` mel frames (plus one
+once, then BigVGAN. The DiT attends within blocks of `block_size` mel frames (plus one
 block back/ahead in a few layers), so a chunk of mel can be sampled from a window of codes
-around it:
+around it; this is the sliding-window decoding Qwen designed the DiT for (their streaming
+`process_chunk` helpers do the same):
 
 - window = the chunk, plus `lookback_blocks` before and `lookahead_blocks` after; the mel of
-  the look-back and look-ahead parts is thrown away (the look-ahead is re-made, with more
-  context, by the next window);
+  the look-back part is thrown away and that of the look-ahead part is provisional (the next
+  window makes it again, with more context);
 - the ODE for every window starts from the same per-reply noise sequence, sliced to the
   window, so overlapping windows agree;
-- the vocoder keeps `vocoder_overlap` frames of context: each chunk's last frames are held
-  back and emitted with the next chunk, vocoded with mel on both sides.
+- the vocoder sees `vocoder_context` frames on each side of the chunk: final mel of the
+  previous chunk on the left, the provisional look-ahead mel on the right, and only the
+  chunk's own samples are emitted. (Qwen's helpers instead hold each chunk's last 20 frames
+  back until the next chunk exists; using the look-ahead mel as right context emits the
+  whole chunk at once, which takes 0.2 s off the time to first audio.)
 
 The ODE itself is `Qwen2_5OmniToken2WavDiTModel.sample`'s, with the model's own
-`RungeKutta4ODESolver` and forward, except that the initial noise is passed in.
+`RungeKutta4ODESolver` and modules, except that the initial noise is passed in.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ class ChunkPlan:
     chunk_blocks: int = 2
     lookahead_blocks: int = 1
     lookback_blocks: int = 2
-    vocoder_overlap: int = 20  # mel frames (Qwen's choice)
+    vocoder_context: int = 20  # mel frames each side (Qwen's overlap)
     ode_steps: int = 10
     guidance_scale: float = 0.5
     sway_coefficient: float = -1.0
@@ -46,8 +49,8 @@ class ChunkPlan:
     def __post_init__(self) -> None:
         if self.first_chunk_blocks < 1 or self.chunk_blocks < 1:
             raise ValueError("chunks must be at least one block")
-        if self.lookahead_blocks < 0 or self.lookback_blocks < 0 or self.vocoder_overlap < 0:
-            raise ValueError("look-ahead, look-back and overlap cannot be negative")
+        if self.lookahead_blocks < 0 or self.lookback_blocks < 0 or self.vocoder_context < 0:
+            raise ValueError("look-ahead, look-back and vocoder context cannot be negative")
         if self.ode_steps < 2:
             raise ValueError("ode_steps must be at least 2")
 
@@ -71,8 +74,7 @@ class StreamingToken2Wav:
         self.noise = torch.empty((1, 0, self.dit.mel_dim), dtype=torch.float32, device=device)
         self.next_frame = 0          # first mel frame not yet decoded
         self.chunks = 0
-        self.tail: torch.Tensor | None = None  # last vocoded mel frames (context + held back)
-        self.held = 0                # frames at the end of `tail` not yet emitted as audio
+        self.left_context = torch.empty((1, self.dit.mel_dim, 0), device=device)  # final mel
         self._speaker_encoded: torch.Tensor | None = None
 
     @property
@@ -91,13 +93,13 @@ class StreamingToken2Wav:
         """The next chunk's audio (call when `ready()`)."""
         end = self.next_frame + self._chunk_frames()
         window_end = min(end + self.plan.lookahead_blocks * self.block, self.frames)
-        return self._decode(end, window_end, final=False)
+        return self._decode(end, window_end)
 
     def flush(self) -> np.ndarray:
-        """All remaining audio, the held-back tail included; the reply's codes are complete."""
-        if self.next_frame >= self.frames and not self.held:
+        """All remaining audio; the reply's codes are complete."""
+        if self.next_frame >= self.frames:
             return np.zeros(0, dtype=np.float32)
-        return self._decode(self.frames, self.frames, final=True)
+        return self._decode(self.frames, self.frames)
 
     # ----------------------------------------------------------------- internals
 
@@ -105,17 +107,15 @@ class StreamingToken2Wav:
         blocks = self.plan.first_chunk_blocks if self.chunks == 0 else self.plan.chunk_blocks
         return blocks * self.block
 
-    def _decode(self, end: int, window_end: int, final: bool) -> np.ndarray:
+    def _decode(self, end: int, window_end: int) -> np.ndarray:
         start = self.next_frame
-        if end > start:
-            window_start = max(start - self.plan.lookback_blocks * self.block, 0)
-            mel = self._sample(window_start, window_end)
-            new_mel = mel[:, :, start - window_start:end - window_start]
-        else:
-            new_mel = torch.empty((1, self.dit.mel_dim, 0), device=self.device)
+        window_start = max(start - self.plan.lookback_blocks * self.block, 0)
+        mel = self._sample(window_start, window_end)
+        chunk = mel[:, :, start - window_start:end - window_start]
+        lookahead = mel[:, :, end - window_start:end - window_start + self.plan.vocoder_context]
         self.next_frame = end
         self.chunks += 1
-        return self._vocode(new_mel, final)
+        return self._vocode(chunk, lookahead)
 
     def _sample(self, start: int, end: int) -> torch.Tensor:
         """Mel (1, mel_dim, end - start) for frames [start, end) — `DiT.sample` with given noise."""
@@ -141,19 +141,15 @@ class StreamingToken2Wav:
             self._speaker_encoded = self.dit.input_embed.spk_encoder(reference)
         return self._speaker_encoded
 
-    def _vocode(self, new_mel: torch.Tensor, final: bool) -> np.ndarray:
-        overlap = self.plan.vocoder_overlap
-        mel = new_mel if self.tail is None else torch.cat([self.tail, new_mel], dim=2)
-        total = mel.shape[2]
-        if total == 0:
-            return np.zeros(0, dtype=np.float32)
-        emitted_before = (0 if self.tail is None else self.tail.shape[2]) - self.held
-        hold = 0 if final else min(overlap, total - emitted_before)
-        wave = self.vocoder(mel).reshape(-1)
-        first, last = emitted_before * self.samples_per_frame, (total - hold) * self.samples_per_frame
-        self.tail = mel[:, :, max(total - 2 * overlap, 0):]
-        self.held = hold
-        return wave[first:last].float().numpy()
+    def _vocode(self, chunk: torch.Tensor, lookahead: torch.Tensor) -> np.ndarray:
+        """Audio of exactly the chunk's frames, vocoded with context on both sides."""
+        left = self.left_context.shape[2]
+        wave = self.vocoder(torch.cat([self.left_context, chunk, lookahead], dim=2)).reshape(-1)
+        emitted = wave[left * self.samples_per_frame:(left + chunk.shape[2]) * self.samples_per_frame]
+        if self.plan.vocoder_context:
+            mel = torch.cat([self.left_context, chunk], dim=2)
+            self.left_context = mel[:, :, -self.plan.vocoder_context:]
+        return emitted.float().numpy()
 
     def _grow_noise(self, frames: int) -> None:
         missing = frames - self.noise.shape[1]
