@@ -169,6 +169,7 @@ async def run(args) -> None:
     print(machine_info(device))
     options = dict(device=str(device), max_concurrency=max(levels), ode_steps=args.ode_steps,
                    first_chunk_blocks=args.first_chunk_blocks, chunk_blocks=args.chunk_blocks,
+                   lookahead_blocks=args.lookahead_blocks,
                    max_audio_seconds=args.audio_seconds, min_audio_seconds=args.audio_seconds,
                    max_new_tokens=args.max_tokens, seed=0)
     if args.tiny:
@@ -213,6 +214,7 @@ def main() -> None:
     parser.add_argument("--ode-steps", type=int, default=10)
     parser.add_argument("--first-chunk-blocks", type=int, default=1)
     parser.add_argument("--chunk-blocks", type=int, default=2)
+    parser.add_argument("--lookahead-blocks", type=int, default=1)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     args = parser.parse_args()

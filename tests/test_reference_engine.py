@@ -249,6 +249,14 @@ def test_conversation_renders_turns_and_tools(engine):
     assert text.endswith("<|audio_bos|><|AUDIO|><|audio_eos|><|im_end|>\n<|im_start|>assistant\n")
 
 
+def test_tool_choice_none_offers_no_tools(engine):
+    offered = build_prompt(engine.loaded.processor, request(tools=[WEATHER]))
+    withheld = build_prompt(engine.loaded.processor, request(tools=[WEATHER], tool_choice="none"))
+    tokenizer = engine.loaded.processor.tokenizer
+    assert "get_weather" in tokenizer.decode(offered.input_ids[0])
+    assert "get_weather" not in tokenizer.decode(withheld.input_ids[0])
+
+
 @asyncio_module
 async def test_longer_conversation_gives_a_longer_prompt(engine):
     short = request(context=[UserText("Hi")], max_output_tokens=2, modalities=("text",))

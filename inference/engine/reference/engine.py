@@ -21,6 +21,7 @@ import torch
 from ..base import (
     AudioDelta, Delta, EngineError, Finished, GenerationRequest, OmniEngine, UserAudio, UserText,
 )
+from .constrained import GrammarFactory
 from .generation import Generation, GenerationSettings
 from .loading import LoadedModel, load_model, resolve_device, resolve_dtype
 from .token2wav_stream import Cancelled, ChunkPlan, StreamingToken2Wav
@@ -122,8 +123,6 @@ class ReferenceEngine(OmniEngine):
             raise EngineError(f"{self.model} has no speakers (spk_dict.pt)")
         # Chelsie first when present: it is Qwen2.5-Omni's default voice.
         self.voices = tuple(sorted(speakers, key=lambda name: (name != "Chelsie", name)))
-        from .constrained import GrammarFactory
-
         tokenizer = self.loaded.processor.tokenizer
         vocab = self.loaded.model.thinker.lm_head.out_features
         self._grammar = await asyncio.to_thread(GrammarFactory, tokenizer, vocab)
