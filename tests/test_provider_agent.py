@@ -1,7 +1,7 @@
 """The plugin inside a real AgentSession, against a real omni worker on tiny-random.
 
 No room: speech goes in through the session's audio input (a simulated microphone playing
-tests/data/hello_agent_16k.wav in real time, turns found by silero VAD as in the agent) and
+the synthesised questions of tests/data in real time, turns found by silero VAD as in the agent) and
 comes out through its audio output (a simulated speaker that plays in real time and reports
 what was heard). tiny-random speaks noise, but every step is the real one.
 """
@@ -13,7 +13,7 @@ import json
 import socket
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 import pytest
 
@@ -25,7 +25,9 @@ from provider import RealtimeModel, RealtimeSession
 from provider.testing import RecordingSpeaker, SimulatedMicrophone, read_wav
 from tests.conftest import WorkerProcess
 
-SPEECH = Path(__file__).parent / "data" / "hello_agent_16k.wav"
+DATA = Path(__file__).parent / "data"
+QUESTION = DATA / "e2e_q1_time.wav"  # "Tell me the time in Paris."
+RECALL = DATA / "e2e_q3_recall.wav"  # "Now tell me what I asked you first."
 PORTS = range(18250, 18300)  # this suite's share of the provider's port range
 # tiny-random's talker may end after a few codes: bound every reply to 2-3 s of speech
 ENGINE_ARGS = ("--engine-option", "min_audio_seconds=2", "--engine-option", "max_audio_seconds=3",
@@ -51,7 +53,7 @@ def start_worker(tmp_dir: Path) -> WorkerProcess:
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory) -> AsyncIterator[WorkerProcess]:
+def worker(tmp_path_factory) -> Iterator[WorkerProcess]:
     worker = start_worker(tmp_path_factory.mktemp("provider-worker"))
     yield worker
     worker.stop()
@@ -62,17 +64,15 @@ def vad() -> silero.VAD:
     return silero.VAD.load()
 
 
-weather_calls: list[str] = []
-
-
 class Assistant(Agent):
     def __init__(self) -> None:
         super().__init__(instructions="You are a voice assistant. Answer briefly.")
+        self.weather_calls: list[str] = []
 
     @function_tool
     async def get_weather(self, context: RunContext, city: str) -> str:
         """Tell the weather in a city."""
-        weather_calls.append(city)
+        self.weather_calls.append(city)
         return f"It is sunny in {city}."
 
 
@@ -85,7 +85,6 @@ class Harness:
         self.errors: list[llm.RealtimeModelError] = []
         self.metrics: list[Any] = []
         self.reconnected = asyncio.Event()
-        self.speech = read_wav(SPEECH)
 
     @property
     def rt(self) -> RealtimeSession:
@@ -97,8 +96,8 @@ class Harness:
         self.rt.on("metrics_collected", lambda m: m.request_id and self.metrics.append(m))
         self.rt.on("session_reconnected", lambda _: self.reconnected.set())
 
-    def say(self) -> None:
-        pcm, rate = self.speech
+    def say(self, utterance: Path = QUESTION) -> None:
+        pcm, rate = read_wav(utterance)
         self.mic.say(pcm, sample_rate=rate)
 
     async def wait_for(self, condition, timeout: float = WAIT_S) -> None:
@@ -116,8 +115,10 @@ class Harness:
 
 
 @asynccontextmanager
-async def agent_session(worker: WorkerProcess, vad: silero.VAD, **model_options: Any) -> AsyncIterator[Harness]:
-    model = RealtimeModel(url=worker.url, api_key=worker.api_key, max_output_tokens=40, **model_options)
+async def agent_session(worker: WorkerProcess, vad: silero.VAD, *, max_output_tokens: int | str = 40,
+                        **model_options: Any) -> AsyncIterator[Harness]:
+    model = RealtimeModel(url=worker.url, api_key=worker.api_key, max_output_tokens=max_output_tokens,
+                          **model_options)
     session = AgentSession(
         llm=model,
         vad=vad,
@@ -162,11 +163,13 @@ async def test_spoken_turn_is_answered_with_played_back_audio(worker, vad):
 
 
 async def test_interruption_cancels_on_the_worker_and_keeps_what_was_played(worker, vad):
-    async with agent_session(worker, vad) as h:
+    # a long reply (the engine's 512 text tokens): still being generated when it is interrupted
+    async with agent_session(worker, vad, max_output_tokens="inf") as h:
         sent: list[dict[str, Any]] = []
         h.rt.on("omni_client_event_queued", sent.append)
         h.say()
         await h.wait_for(lambda: h.speaker.played_seconds >= 1.0)
+        assert not h.events("response.done"), "the reply was complete before the interruption"
         h.session.interrupt()
         await h.wait_for(lambda: h.events("conversation.item.truncated"))
 
@@ -191,8 +194,8 @@ async def test_interruption_cancels_on_the_worker_and_keeps_what_was_played(work
 
 
 async def test_forced_tool_call_completes(worker, vad):
-    weather_calls.clear()
     async with agent_session(worker, vad) as h:
+        weather_calls = h.session.current_agent.weather_calls
         executed: list[Any] = []
         h.session.on("function_tools_executed", executed.append)
         h.session.generate_reply(tool_choice={"type": "function", "function": {"name": "get_weather"}})
@@ -239,7 +242,7 @@ async def test_worker_restart_mid_conversation(tmp_path, vad):
             await asyncio.to_thread(worker.start)
             await asyncio.wait_for(h.reconnected.wait(), WAIT_S)
 
-            h.say()
+            h.say(RECALL)
             await h.wait_for(lambda: len(h.speaker.finished) == 2)
             assert not h.speaker.finished[1].interrupted and h.speaker.finished[1].playback_position >= 1.9
             assert all(e.recoverable for e in h.errors)
