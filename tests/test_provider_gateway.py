@@ -382,7 +382,7 @@ async def test_generate_reply_fails_with_the_workers_error(gateway, open_session
     await read_generation(first)
 
 
-async def test_generate_reply_times_out_when_the_worker_is_silent():
+async def test_requests_time_out_when_the_worker_is_silent():
     async def mute_worker(request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse()
         await ws.prepare(request)
@@ -394,15 +394,44 @@ async def test_generate_reply_times_out_when_the_worker_is_silent():
     app.router.add_get("/v1/realtime", mute_worker)
     server = TestServer(app, host="127.0.0.1", port=free_port())
     await server.start_server()
-    model = RealtimeModel(url=f"ws://127.0.0.1:{server.port}/v1/realtime", reply_timeout=0.3)
+    model = RealtimeModel(url=f"ws://127.0.0.1:{server.port}/v1/realtime", reply_timeout=0.3, update_timeout=0.3)
     session = model.session()
     try:
         with pytest.raises(llm.RealtimeError, match="no response from the omni worker"):
             await session.generate_reply()
+        with pytest.raises(llm.RealtimeError, match="did not confirm"):
+            await session.update_instructions("Be brief.")
+        ctx = llm.ChatContext()
+        ctx.add_message(role="user", content="hello")
+        with pytest.raises(llm.RealtimeError, match="did not confirm"):
+            await session.update_chat_ctx(ctx)
     finally:
         await session.aclose()
         await model.aclose()
         await server.close()
+
+
+async def test_a_lost_connection_ends_the_reply_in_progress():
+    gw = Gateway(ScriptedEngine(words=500, step_s=0.02))
+    await gw.start()
+    model = RealtimeModel(url=gw.url, api_key=KEY,
+                          conn_options=APIConnectOptions(max_retry=20, retry_interval=0.05, timeout=2))
+    session = model.session()
+    try:
+        await speak(session, 0.3)
+        generation = await session.generate_reply()
+        message = await generation.message_stream.__anext__()
+        await message.audio_stream.__anext__()
+        await gw.stop()
+        # every stream of the generation ends; the framework is never left waiting
+        await asyncio.wait_for(asyncio.gather(_collect(message.audio_stream), _collect(message.text_stream),
+                                              _collect(generation.message_stream),
+                                              _collect(generation.function_stream)), 5)
+        assert await message.modalities == ["audio", "text"]
+    finally:
+        await session.aclose()
+        await model.aclose()
+        await gw.stop()
 
 
 # --------------------------------------------------------------------------- tools
