@@ -6,7 +6,8 @@ agent through a real LiveKit server.
     + Chromium, whose fake microphone plays a spoken question, then 10 s of silence, in a loop
 
 The page exposes what it saw in `window.omniAgent` (see web/src/main.js): connection status,
-WebRTC inbound audio counters, transcript lines.
+WebRTC inbound audio counters, transcript lines, and the agent's own events
+(agent/room_events.py: what its VAD hears, one `turn` per reply).
 
 Needs Debian `chromium`, the LiveKit server binary and npm (scripts/setup installs all three).
 """
@@ -118,20 +119,29 @@ async def test_browser_user_talks_with_the_agent_and_hears_it(browser, web_page_
     await page.wait_for("window.omniAgent.status === 'connected'", 30, "connected to the room")
     await page.wait_for("window.omniAgent.agentIdentity !== null", AGENT_JOIN_TIMEOUT_S, "the agent joined")
 
-    # The agent speaks (its greeting, then answers to the looping microphone speech), and the
-    # page decodes that audio.
+    # The agent hears the browser's microphone (its VAD reports the user speaking), and
+    # answers: two replies, since the greeting comes once and the second answers our speech.
+    await page.wait_for(
+        "window.omniAgent.agentEvents.some(e => e.type === 'user_state' && e.state === 'speaking')",
+        AGENT_REPLY_TIMEOUT_S,
+        "the agent hearing the microphone",
+    )
+    await page.wait_for(
+        "window.omniAgent.agentEvents.filter(e => e.type === 'turn').length >= 2",
+        AGENT_REPLY_TIMEOUT_S,
+        "the agent's answer to the microphone",
+    )
+    # The page heard the agent's voice, decoded it, and shows its words.
     await page.wait_for(
         f"window.omniAgent.remoteAudio.totalSamplesReceived >= {MIN_AGENT_SAMPLES}"
         f" && window.omniAgent.remoteAudio.totalAudioEnergy >= {MIN_AGENT_AUDIO_ENERGY}",
-        AGENT_REPLY_TIMEOUT_S,
+        30,
         "the agent's voice arriving",
     )
-    # Two agent replies: the greeting comes once, so the second one answers our speech, which
-    # shows the browser's microphone reaches the agent. Their words arrive as a live transcript.
     await page.wait_for(
-        "window.omniAgent.transcript.filter(line => line.speaker === 'agent' && line.text.trim()).length >= 2",
-        AGENT_REPLY_TIMEOUT_S,
-        "two agent replies in the transcript",
+        "window.omniAgent.transcript.some(line => line.speaker === 'agent' && line.text.trim())",
+        30,
+        "the agent's words in the transcript",
     )
     await browser.screenshot(tmp_path / "talking.png")
 

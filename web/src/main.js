@@ -8,6 +8,9 @@ import { RemoteAudioStats } from './remote-audio.js';
 import { TRACK_ID_ATTRIBUTE, TRANSCRIPTION_TOPIC, Transcript } from './transcript.js';
 
 const AGENT_STATE_ATTRIBUTE = 'lk.agent.state'; // set by livekit-agents on the agent participant
+// Our agent's own events (agent/room_events.py): what its VAD hears, one `turn` per reply.
+const AGENT_EVENTS_TOPIC = 'omni.agent.events';
+const KEPT_AGENT_EVENTS = 100;
 const AGENT_JOIN_WARNING_MS = 15000;
 const STATS_INTERVAL_MS = 250;
 
@@ -21,6 +24,8 @@ const ui = {
   roomName: document.getElementById('room-name'),
   agentState: document.getElementById('agent-state'),
   agentLevel: document.getElementById('agent-level'),
+  userState: document.getElementById('user-state'),
+  lastTurn: document.getElementById('last-turn'),
   transcript: document.getElementById('transcript'),
 };
 
@@ -43,6 +48,7 @@ const state = {
   agentState: null,
   remoteAudio: new RemoteAudioStats().totals,
   transcript: [],
+  agentEvents: [], // the latest KEPT_AGENT_EVENTS, oldest first
 };
 window.omniAgent = state;
 
@@ -67,6 +73,9 @@ async function connect() {
   showError(null);
   showWarning(null);
   transcript.clear();
+  state.agentEvents = [];
+  ui.userState.textContent = '–';
+  ui.lastTurn.textContent = '–';
   setStatus('connecting');
   try {
     requireMicrophoneSupport();
@@ -154,6 +163,9 @@ function createRoom() {
     .on(RoomEvent.ParticipantConnected, () => updateAgent())
     .on(RoomEvent.ParticipantDisconnected, () => updateAgent())
     .on(RoomEvent.ParticipantAttributesChanged, () => updateAgent())
+    .on(RoomEvent.DataReceived, (payload, participant, kind, topic) => {
+      if (topic === AGENT_EVENTS_TOPIC) onAgentEvent(payload);
+    })
     .on(RoomEvent.AudioPlaybackStatusChanged, () => {
       ui.enableAudio.hidden = newRoom.canPlaybackAudio;
     })
@@ -213,6 +225,23 @@ function updateAgent() {
   state.agentState = agent ? (agent.attributes[AGENT_STATE_ATTRIBUTE] ?? 'joined') : null;
   if (agent) showWarning(null);
   ui.agentState.textContent = agent ? `${agent.identity}: ${state.agentState}` : 'not in the room';
+}
+
+function onAgentEvent(payload) {
+  let event;
+  try {
+    event = JSON.parse(new TextDecoder().decode(payload));
+  } catch {
+    console.warn('ignored an agent event that is not JSON');
+    return;
+  }
+  state.agentEvents = [...state.agentEvents, event].slice(-KEPT_AGENT_EVENTS);
+  if (event.type === 'user_state') {
+    ui.userState.textContent = event.state;
+  } else if (event.type === 'turn') {
+    const latency = event.voice_to_voice_s == null ? '' : `, ${Math.round(event.voice_to_voice_s * 1000)} ms after you stopped`;
+    ui.lastTurn.textContent = `#${event.turn}${latency}${event.interrupted ? ' (interrupted)' : ''}`;
+  }
 }
 
 async function pollRemoteAudio() {
