@@ -12,9 +12,9 @@ GET / serves the built page from web/dist/ (build it with `npm ci && npm run bui
 GET /health answers 200 for load balancers.
 
 Configuration (environment):
-  LIVEKIT_URL          server URL for tokens' holders (default ws://127.0.0.1:7880)
-  LIVEKIT_PUBLIC_URL   URL handed to browsers, when they reach LiveKit by another name
-                       than this process does (default: LIVEKIT_URL)
+  LIVEKIT_URL          the LiveKit server, as browsers reach it (default ws://127.0.0.1:7880)
+  LIVEKIT_PUBLIC_URL   overrides LIVEKIT_URL for browsers, where the rest of the deployment
+                       shares a LIVEKIT_URL that browsers cannot reach (e.g. ws://livekit:7880)
   LIVEKIT_API_KEY      (default devkey, the key of `livekit-server --dev`)
   LIVEKIT_API_SECRET   (default secret)
   AGENT_NAME           when set, the token asks LiveKit to dispatch the agent registered
@@ -48,18 +48,15 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 @dataclass(frozen=True)
 class TokenConfig:
-    livekit_url: str
-    public_url: str
+    public_url: str  # the LiveKit URL handed to browsers
     api_key: str
     api_secret: str
     agent_name: str | None = None
 
     @classmethod
     def from_env(cls) -> TokenConfig:
-        livekit_url = os.environ.get("LIVEKIT_URL", "ws://127.0.0.1:7880")
         return cls(
-            livekit_url=livekit_url,
-            public_url=os.environ.get("LIVEKIT_PUBLIC_URL", livekit_url),
+            public_url=os.environ.get("LIVEKIT_PUBLIC_URL") or os.environ.get("LIVEKIT_URL", "ws://127.0.0.1:7880"),
             api_key=os.environ.get("LIVEKIT_API_KEY", DEV_API_KEY),
             api_secret=os.environ.get("LIVEKIT_API_SECRET", DEV_API_SECRET),
             agent_name=os.environ.get("AGENT_NAME") or None,

@@ -19,7 +19,6 @@ API_SECRET = "test-secret-that-is-long-enough-for-hmac-sha256"
 
 def make_config(**overrides) -> TokenConfig:
     values = dict(
-        livekit_url="ws://livekit.internal:7880",
         public_url="wss://livekit.example.com",
         api_key=API_KEY,
         api_secret=API_SECRET,
@@ -50,7 +49,7 @@ async def test_token_lets_one_participant_join_one_room(built_page):
     finally:
         await client.close()
 
-    assert body["url"] == "wss://livekit.example.com"  # the public URL, not the internal one
+    assert body["url"] == "wss://livekit.example.com"
     assert (body["room"], body["identity"]) == ("support-42", "alice")
     assert API_SECRET not in str(body)
 
@@ -140,10 +139,13 @@ def test_config_defaults_to_the_livekit_dev_server(monkeypatch):
     for name in ("LIVEKIT_URL", "LIVEKIT_PUBLIC_URL", "LIVEKIT_API_KEY", "LIVEKIT_API_SECRET", "AGENT_NAME"):
         monkeypatch.delenv(name, raising=False)
     config = TokenConfig.from_env()
-    assert (config.livekit_url, config.public_url) == ("ws://127.0.0.1:7880", "ws://127.0.0.1:7880")
+    assert config.public_url == "ws://127.0.0.1:7880"
     assert config.uses_dev_keys and config.agent_name is None
 
     monkeypatch.setenv("LIVEKIT_URL", "ws://livekit:7880")
     monkeypatch.setenv("LIVEKIT_API_SECRET", "prod-secret")
-    config = TokenConfig.from_env()
-    assert config.public_url == "ws://livekit:7880" and not config.uses_dev_keys
+    assert TokenConfig.from_env().public_url == "ws://livekit:7880"
+    assert not TokenConfig.from_env().uses_dev_keys
+
+    monkeypatch.setenv("LIVEKIT_PUBLIC_URL", "wss://livekit.example.com")
+    assert TokenConfig.from_env().public_url == "wss://livekit.example.com"
