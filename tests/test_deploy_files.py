@@ -1,0 +1,14 @@
+"""The deployment files cannot be run here (no Docker, no cluster); check them offline."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_deploy_files_are_consistent():
+    result = subprocess.run([sys.executable, str(REPO / "deploy" / "validate.py")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 problems" in result.stdout
