@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -24,23 +25,19 @@ if __package__ in (None, ""):
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
     sys.path.insert(0, str(_here.parent))
 
-from livekit.agents import Agent, AgentSession, JobContext, JobProcess, WorkerOptions, cli
+from livekit.agents import Agent, AgentSession, JobContext, JobProcess, WorkerOptions, cli, llm
 from livekit.agents.inference import TurnDetector
 from livekit.local_inference import init_eot
 from livekit.plugins import silero
 
 import provider
-from agent.barge_in import BargeInGate
+from agent.barge_in import BargeInGate, SpeechLengthVAD
 from agent.config import AgentSettings
 from agent.room_events import RoomEvents
 from agent.tools import ALL_TOOLS
 from agent.worker_load import OmniWorkerLoad
 
 log = logging.getLogger("omni-agent")
-
-# Silero's own defaults; named because the barge-in gate reckons speech length from them.
-VAD_MIN_SPEECH_S = 0.05
-VAD_MIN_SILENCE_S = 0.55
 
 
 @cache
@@ -49,31 +46,27 @@ def settings() -> AgentSettings:
 
 
 class VoiceAgent(Agent):
-    def __init__(self, config: AgentSettings) -> None:
+    def __init__(self, config: AgentSettings, on_user_turn: Callable[[], None]) -> None:
         super().__init__(instructions=config.instructions, tools=list(ALL_TOOLS))
         self._greeting = config.greeting
+        self._on_user_turn = on_user_turn
 
     async def on_enter(self) -> None:
         if self._greeting:
             self.session.generate_reply(instructions=self._greeting)
 
-    def conversation_size(self) -> int | None:
-        """Items in the model's conversation, as the omni worker acknowledged them."""
-        try:
-            return len(self.realtime_llm_session.chat_ctx.items)
-        except RuntimeError:  # between sessions or after the call
-            return None
+    async def on_user_turn_completed(self, turn_ctx: llm.ChatContext, new_message: llm.ChatMessage) -> None:
+        # The user's audio is committed; the reply is requested right after this returns.
+        self._on_user_turn()
 
 
 def prewarm(proc: JobProcess) -> None:
     """Load models once per job process, before a call arrives."""
-    proc.userdata["vad"] = silero.VAD.load(
-        min_speech_duration=VAD_MIN_SPEECH_S, min_silence_duration=VAD_MIN_SILENCE_S
-    )
+    proc.userdata["vad"] = silero.VAD.load()
     init_eot()  # the v1-mini turn detector's weights (~100 MB), shipped in livekit-local-inference
 
 
-def build_session(config: AgentSettings, vad) -> AgentSession:
+def build_session(config: AgentSettings, vad: SpeechLengthVAD) -> AgentSession:
     model = provider.RealtimeModel(
         url=config.omni_url,
         api_key=config.omni_api_key.get_secret_value() if config.omni_api_key else None,
@@ -102,20 +95,14 @@ def build_session(config: AgentSettings, vad) -> AgentSession:
 
 async def entrypoint(ctx: JobContext) -> None:
     config = settings()
-    session = build_session(config, ctx.proc.userdata["vad"])
-    agent = VoiceAgent(config)
-
-    events = RoomEvents(session, ctx.room, conversation_size=agent.conversation_size)
+    vad = SpeechLengthVAD(ctx.proc.userdata["vad"])
+    session = build_session(config, vad)
+    events = RoomEvents(session, ctx.room)
     events.attach()
-    BargeInGate(
-        session,
-        min_speech_s=config.min_barge_in_s,
-        vad_min_speech_s=VAD_MIN_SPEECH_S,
-        vad_min_silence_s=VAD_MIN_SILENCE_S,
-        on_ignored=events.sound_ignored,
-    ).attach()
+    BargeInGate(session, vad, min_speech_s=config.min_barge_in_s, on_ignored=events.sound_ignored).attach()
     ctx.add_shutdown_callback(events.aclose)
 
+    agent = VoiceAgent(config, on_user_turn=events.user_turn)
     log.info("call in room %s: omni worker %s, voice %s", ctx.room.name, config.omni_url, config.voice)
     # record=False: no audio, transcript or trace upload anywhere.
     await session.start(agent=agent, room=ctx.room, record=False)

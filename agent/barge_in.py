@@ -7,13 +7,14 @@ The framework's false-interruption handling (pause on voice activity, resume aft
 only gets its chance when no turn is committed, which without STT never happens.
 
 This gate gives it that chance: when a stretch of voice activity that *started while the agent
-had a reply under way* (speaking, paused, or about to speak) ends after less than `min_speech_s` of speech, it clears the pending user turn
-(`AgentSession.clear_user_turn()`: drops the end-of-turn decision and the buffered input audio).
-The agent, paused at the start of the sound, then resumes after the false-interruption timeout,
-and the reply goes on. Longer speech is a true barge-in and goes through untouched.
+had a reply under way* (speaking, paused, or about to speak) ends after less than
+`min_speech_s` of speech, it clears the pending user turn (`AgentSession.clear_user_turn()`:
+drops the end-of-turn decision and the buffered input audio). The agent, paused at the start of
+the sound, then resumes after the false-interruption timeout, and the reply goes on. Longer
+speech is a true barge-in and goes through untouched.
 
-Speech length is reckoned from the session's user-state events, which the VAD emits
-`min_speech` after speech starts and `min_silence` after it ends.
+The length of each stretch comes from the VAD itself (`SpeechLengthVAD` below), in audio time,
+so a busy event loop cannot distort it.
 """
 
 from __future__ import annotations
@@ -23,33 +24,77 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from livekit.agents import AgentSession, UserStateChangedEvent
+from livekit.agents import AgentSession, UserStateChangedEvent, vad
 
 log = logging.getLogger("omni-agent.barge-in")
+
+
+class SpeechLengthVAD(vad.VAD):
+    """Another VAD, unchanged, that also remembers how long the last stretch of speech was."""
+
+    def __init__(self, inner: vad.VAD) -> None:
+        super().__init__(capabilities=inner.capabilities)
+        self._inner = inner
+        self.last_speech_s: float | None = None
+
+    @property
+    def model(self) -> str:
+        return self._inner.model
+
+    @property
+    def provider(self) -> str:
+        return self._inner.provider
+
+    def stream(self) -> vad.VADStream:
+        return _SpeechLengthStream(self, self._inner.stream())
+
+
+class _SpeechLengthStream(vad.VADStream):
+    def __init__(self, owner: SpeechLengthVAD, inner: vad.VADStream) -> None:
+        self._owner = owner
+        self._inner = inner
+        super().__init__(owner)
+
+    async def _main_task(self) -> None:
+        forward = asyncio.create_task(self._forward_input())
+        try:
+            async for event in self._inner:
+                if event.type == vad.VADEventType.END_OF_SPEECH:
+                    self._owner.last_speech_s = event.speech_duration
+                self._event_ch.send_nowait(event)
+        finally:
+            forward.cancel()
+            await asyncio.gather(forward, return_exceptions=True)
+            await self._inner.aclose()
+
+    async def _forward_input(self) -> None:
+        async for item in self._input_ch:
+            if isinstance(item, self._FlushSentinel):
+                self._inner.flush()
+            else:
+                self._inner.push_frame(item)
+        self._inner.end_input()
 
 
 @dataclass(frozen=True)
 class IgnoredSound:
     speech_s: float
-    ended_at: float
 
 
 class BargeInGate:
     def __init__(
         self,
         session: AgentSession,
+        speech_vad: SpeechLengthVAD,
         *,
         min_speech_s: float,
-        vad_min_speech_s: float,
-        vad_min_silence_s: float,
         on_ignored: Callable[[IgnoredSound], None] | None = None,
     ) -> None:
         self._session = session
+        self._vad = speech_vad
         self._min_speech_s = min_speech_s
-        self._vad_min_speech_s = vad_min_speech_s
-        self._vad_min_silence_s = vad_min_silence_s
         self._on_ignored = on_ignored
-        self._speech_started_at: float | None = None  # only for speech that began over a reply
+        self._started_over_reply = False
 
     def attach(self) -> None:
         self._session.on("user_state_changed", self._on_user_state)
@@ -60,16 +105,15 @@ class BargeInGate:
 
     def _on_user_state(self, ev: UserStateChangedEvent) -> None:
         if ev.new_state == "speaking":
-            over_reply = self._reply_under_way()
-            self._speech_started_at = ev.created_at - self._vad_min_speech_s if over_reply else None
+            self._started_over_reply = self._reply_under_way()
             return
-        if ev.old_state != "speaking" or self._speech_started_at is None:
+        if ev.old_state != "speaking" or not self._started_over_reply:
             return
+        self._started_over_reply = False
 
-        speech_ended_at = ev.created_at - self._vad_min_silence_s
-        speech_s = max(speech_ended_at - self._speech_started_at, 0.0)
-        self._speech_started_at = None
-        if speech_s >= self._min_speech_s:
+        # The VAD's end of speech, which caused this event, has just set the length.
+        speech_s = self._vad.last_speech_s
+        if speech_s is None or speech_s >= self._min_speech_s:
             return  # a true barge-in: let the turn through
 
         log.info(
@@ -80,7 +124,7 @@ class BargeInGate:
         # same call; clearing on the next loop iteration cancels that task before it runs.
         asyncio.get_running_loop().call_soon(self._clear_turn)
         if self._on_ignored is not None:
-            self._on_ignored(IgnoredSound(speech_s=speech_s, ended_at=speech_ended_at))
+            self._on_ignored(IgnoredSound(speech_s=speech_s))
 
     def _clear_turn(self) -> None:
         try:

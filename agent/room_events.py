@@ -8,11 +8,16 @@ object with `type` and `at` (the agent's wall clock, seconds since the epoch):
 - `agent_state` {state, old_state}: listening / thinking / speaking. speaking → listening while
   the user talks is the moment the agent decided to stop talking (pause or barge-in).
 - `user_state` {state, old_state}: the agent's VAD view of the user.
+- `user_turn` {}: the agent decided the user's turn is over (VAD silence, then the turn
+  detector's endpointing delay) and asks the model for a reply.
 - `turn` {turn, voice_to_voice_s, model_first_audio_s, interrupted, conversation_items}: once
-  per agent reply, when it has been played out (or cut).
+  per agent reply, when it is over (played out, or cut).
+  voice_to_voice_s runs from the end of the user's speech to the reply's first audio frame
+  going out to the room.
 - `false_interruption` {resumed}: the agent paused for a sound and went on with its reply.
 - `sound_ignored` {speech_s}: a short sound over the reply was not taken as a turn.
-- `response_cancelled` {response_id}: the model's response was cancelled on the worker.
+- `response_done` {response_id, cancelled, model_first_audio_s}: the worker finished a
+  response, or cancelled it (a barge-in while it was still generating).
 
 User and agent *transcripts* are published by livekit-agents itself (text streams on the
 `lk.transcription` topic); nothing here duplicates them.
@@ -24,7 +29,6 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 from livekit import rtc
@@ -32,12 +36,13 @@ from livekit.agents import (
     AgentFalseInterruptionEvent,
     AgentSession,
     AgentStateChangedEvent,
-    ConversationItemAddedEvent,
     MetricsCollectedEvent,
+    SpeechCreatedEvent,
     UserStateChangedEvent,
     llm,
 )
 from livekit.agents.metrics import RealtimeModelMetrics
+from livekit.agents.voice import SpeechHandle
 
 from .barge_in import IgnoredSound
 
@@ -47,16 +52,9 @@ log = logging.getLogger("omni-agent.turns")
 
 
 class RoomEvents:
-    def __init__(
-        self,
-        session: AgentSession,
-        room: rtc.Room,
-        *,
-        conversation_size: Callable[[], int | None] = lambda: None,
-    ) -> None:
+    def __init__(self, session: AgentSession, room: rtc.Room) -> None:
         self._session = session
         self._room = room
-        self._conversation_size = conversation_size
         self._turns = 0
         self._model_first_audio: dict[str, float] = {}  # response id → seconds
         self._sending: set[asyncio.Task[None]] = set()
@@ -66,11 +64,14 @@ class RoomEvents:
         s.on("agent_state_changed", self._on_agent_state)
         s.on("user_state_changed", self._on_user_state)
         s.on("metrics_collected", self._on_metrics)
-        s.on("conversation_item_added", self._on_item_added)
+        s.on("speech_created", self._on_speech_created)
         s.on("agent_false_interruption", self._on_false_interruption)
 
     def sound_ignored(self, sound: IgnoredSound) -> None:
         self.publish("sound_ignored", speech_s=round(sound.speech_s, 3))
+
+    def user_turn(self) -> None:
+        self.publish("user_turn")
 
     async def aclose(self) -> None:
         if self._sending:
@@ -88,17 +89,20 @@ class RoomEvents:
         m = ev.metrics
         if not isinstance(m, RealtimeModelMetrics):
             return
-        if m.cancelled:
-            self.publish("response_cancelled", response_id=m.request_id)
-        if m.ttft >= 0:
-            self._model_first_audio[m.request_id] = m.ttft
+        first_audio = m.ttft if m.ttft >= 0 else None
+        if first_audio is not None:
+            self._model_first_audio[m.request_id] = first_audio
+        self.publish("response_done", response_id=m.request_id, cancelled=m.cancelled,
+                     model_first_audio_s=first_audio)
 
-    def _on_item_added(self, ev: ConversationItemAddedEvent) -> None:
-        item = ev.item
-        if not isinstance(item, llm.ChatMessage) or item.role != "assistant":
-            return
+    def _on_speech_created(self, ev: SpeechCreatedEvent) -> None:
+        ev.speech_handle.add_done_callback(self._on_reply_over)
+
+    def _on_reply_over(self, reply: SpeechHandle) -> None:
         self._turns += 1
-        metrics = item.metrics or {}
+        said = [item for item in reply.chat_items
+                if isinstance(item, llm.ChatMessage) and item.role == "assistant"]
+        metrics = said[0].metrics if said else {}
         voice_to_voice = metrics.get("e2e_latency")
         model_first_audio = None
         for response_id in metrics.get("provider_request_ids", []):
@@ -108,14 +112,14 @@ class RoomEvents:
         log.info(
             "turn %d: voice-to-voice %s (end of user speech → first agent audio out), "
             "model first audio %s, interrupted=%s, conversation items=%s",
-            self._turns, _ms(voice_to_voice), _ms(model_first_audio), item.interrupted, items,
+            self._turns, _ms(voice_to_voice), _ms(model_first_audio), reply.interrupted, items,
         )
         self.publish(
             "turn",
             turn=self._turns,
             voice_to_voice_s=voice_to_voice,
             model_first_audio_s=model_first_audio,
-            interrupted=item.interrupted,
+            interrupted=reply.interrupted,
             conversation_items=items,
         )
 
@@ -140,6 +144,15 @@ class RoomEvents:
             await self._room.local_participant.publish_data(payload, reliable=True, topic=TOPIC)
         except Exception as e:  # a closing room must not take the session down
             log.debug("could not publish an agent event: %s", e)
+
+
+    def _conversation_size(self) -> int | None:
+        """Items in the model's conversation, as the omni worker acknowledged them (the
+        realtime session mirrors the worker's `conversation.item.added` events)."""
+        try:
+            return len(self._session.current_agent.realtime_llm_session.chat_ctx.items)
+        except RuntimeError:  # no agent or no realtime session (the call is ending)
+            return None
 
 
 def _ms(seconds: float | None) -> str:

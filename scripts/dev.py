@@ -31,7 +31,6 @@ from scripts.stack import (
 )
 
 
-
 def say(message: str) -> None:
     print(f"[dev] {message}", flush=True)
 
@@ -43,7 +42,8 @@ def parse_args() -> argparse.Namespace:
                    help="omni model: tiny-random, a local path or a Hugging Face id (env OMNI_MODEL)")
     p.add_argument("--engine", default=os.environ.get("OMNI_ENGINE", "reference"),
                    choices=["reference", "vllm-omni"], help="omni engine (env OMNI_ENGINE)")
-    p.add_argument("--livekit-port", type=int, default=7880, help="LiveKit signalling port; RTC uses +1 (TCP) and +2 (UDP)")
+    p.add_argument("--livekit-port", type=int, default=7880,
+                   help="LiveKit signalling port; RTC uses the next two (TCP, then UDP)")
     p.add_argument("--worker-port", type=int, default=8000)
     p.add_argument("--web-port", type=int, default=8080)
     p.add_argument("--no-web", action="store_true", help="do not build or serve the web page")

@@ -225,6 +225,13 @@ def livekit_server(port: int, rtc_tcp_port: int, rtc_udp_port: int) -> Service:
     )
 
 
+# tiny-random replies for tests and benchmarks: 12-13 s of (random) speech, long enough that a
+# reply is still being generated when a barge-in ends the caller's turn (several seconds later)
+# even on a fast machine; a short text part, so a reply ends with its audio.
+TINY_RANDOM_REPLY = ("--engine-option", "min_audio_seconds=12", "--engine-option", "max_audio_seconds=13",
+                     "--engine-option", "max_new_tokens=32")
+
+
 def omni_worker(port: int, *, model: str = "tiny-random", engine: str = "reference",
                 api_key: str | None = None, extra_args: tuple[str, ...] = ()) -> Service:
     argv = [sys.executable, "-m", "inference", "serve", "--engine", engine, "--model", model,

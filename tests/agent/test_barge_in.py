@@ -2,19 +2,24 @@
 
 The session here is a stand-in that emits the same user-state events as AgentSession; the
 behaviour in a real room (pause, resume, reply not cancelled) is tests/e2e/test_agent_room.py.
+The VAD wrapper runs the real silero model on real audio.
 """
 
 from __future__ import annotations
 
 import asyncio
+import wave
 from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 from livekit import rtc
-from livekit.agents import UserStateChangedEvent
+from livekit.agents import UserStateChangedEvent, vad
+from livekit.plugins import silero
 
-from agent.barge_in import BargeInGate, IgnoredSound
+from agent.barge_in import BargeInGate, IgnoredSound, SpeechLengthVAD
 
-MIN_SPEECH, MIN_SILENCE = 0.05, 0.55
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 @dataclass
@@ -26,26 +31,33 @@ class Reply:
         return self.finished
 
 
+@dataclass
+class LastSpeech:
+    last_speech_s: float | None = None
+
+
 class Session(rtc.EventEmitter):
-    def __init__(self) -> None:
+    def __init__(self, speech: LastSpeech) -> None:
         super().__init__()
         self.current_speech: Reply | None = None
         self.cleared = 0
+        self._speech = speech
 
     def clear_user_turn(self) -> None:
         self.cleared += 1
 
-    def user_speaks(self, start: float, seconds: float) -> None:
-        """The VAD's view: speaking `min_speech` after the start, listening `min_silence` after the end."""
-        self.emit("user_state_changed", UserStateChangedEvent(
-            old_state="listening", new_state="speaking", created_at=start + MIN_SPEECH))
-        self.emit("user_state_changed", UserStateChangedEvent(
-            old_state="speaking", new_state="listening", created_at=start + seconds + MIN_SILENCE))
+    def user_speaks(self, seconds: float) -> None:
+        """The VAD's view of one stretch of speech, as the session reports it."""
+        self.emit("user_state_changed", UserStateChangedEvent(old_state="listening", new_state="speaking"))
+        self._speech.last_speech_s = seconds
+        self.emit("user_state_changed", UserStateChangedEvent(old_state="speaking", new_state="listening"))
 
 
-def gate_on(session: Session, ignored: list[IgnoredSound]) -> None:
-    BargeInGate(session, min_speech_s=0.4, vad_min_speech_s=MIN_SPEECH, vad_min_silence_s=MIN_SILENCE,
-                on_ignored=ignored.append).attach()  # type: ignore[arg-type]
+def gated_session() -> tuple[Session, list[IgnoredSound]]:
+    speech, ignored = LastSpeech(), []
+    session = Session(speech)
+    BargeInGate(session, speech, min_speech_s=0.4, on_ignored=ignored.append).attach()  # type: ignore[arg-type]
+    return session, ignored
 
 
 async def settle() -> None:
@@ -53,29 +65,52 @@ async def settle() -> None:
 
 
 async def test_a_short_sound_over_a_reply_is_not_a_turn() -> None:
-    session, ignored = Session(), []
-    gate_on(session, ignored)
+    session, ignored = gated_session()
     session.current_speech = Reply()
-    session.user_speaks(start=100.0, seconds=0.2)
+    session.user_speaks(0.2)
     await settle()
     assert session.cleared == 1
-    assert len(ignored) == 1 and abs(ignored[0].speech_s - 0.2) < 1e-6
+    assert ignored == [IgnoredSound(speech_s=0.2)]
 
 
 async def test_real_speech_over_a_reply_is_a_barge_in() -> None:
-    session, ignored = Session(), []
-    gate_on(session, ignored)
+    session, ignored = gated_session()
     session.current_speech = Reply()
-    session.user_speaks(start=100.0, seconds=1.2)
+    session.user_speaks(1.2)
     await settle()
     assert session.cleared == 0 and not ignored
 
 
 async def test_a_short_answer_between_replies_is_a_turn() -> None:
-    session, ignored = Session(), []
-    gate_on(session, ignored)
+    session, ignored = gated_session()
     for finished_reply in (None, Reply(finished=True), Reply(interrupted=True)):
         session.current_speech = finished_reply
-        session.user_speaks(start=100.0, seconds=0.25)  # "yes"
+        session.user_speaks(0.25)  # "yes"
     await settle()
     assert session.cleared == 0 and not ignored
+
+
+def read_wav(name: str) -> np.ndarray:
+    with wave.open(str(DATA / name)) as w:
+        return np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
+
+
+async def test_speech_length_vad_passes_events_through_and_measures_speech() -> None:
+    speech_vad = SpeechLengthVAD(silero.VAD.load())
+    stream = speech_vad.stream()
+    silence = np.zeros(16000, dtype=np.int16)
+    audio = np.concatenate([silence, read_wav("e2e_burst_200ms.wav"), silence,
+                            read_wav("e2e_q1_time.wav"), silence])
+    for i in range(0, len(audio), 160):
+        chunk = audio[i:i + 160]
+        stream.push_frame(rtc.AudioFrame(chunk.tobytes(), 16000, 1, len(chunk)))
+    stream.end_input()
+
+    lengths = []
+    async for event in stream:
+        if event.type == vad.VADEventType.END_OF_SPEECH:
+            lengths.append(event.speech_duration)
+            assert speech_vad.last_speech_s == event.speech_duration
+    await stream.aclose()
+    burst, question = lengths
+    assert burst < 0.4 < 1.5 < question  # a 200 ms burst and a 1.9 s question

@@ -127,15 +127,15 @@ class AgentAudio:
             await asyncio.sleep(0.01)
         raise TimeoutError(f"no agent audio within {timeout:.0f} s")
 
-    async def quiet_after(self, t0: float, *, quiet_s: float, timeout: float) -> float:
-        """Wait until the agent has been silent for `quiet_s` after `t0`; return the arrival
-        time of its last voiced frame before that silence (or `t0` if it was already silent)."""
+    async def quiet_after(self, t0: float, *, quiet_s: float, timeout: float) -> float | None:
+        """Wait until no voiced frame has arrived for `quiet_s`, counting from `t0` at the
+        earliest; return the arrival time of the last voiced frame (which may precede `t0`),
+        or None if the agent never made a sound."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             last = self.last_voice()
-            end = max(last, t0) if last is not None else t0
-            if time.time() - end >= quiet_s:
-                return end
+            if time.time() - max(last or t0, t0) >= quiet_s:
+                return last
             await asyncio.sleep(0.01)
         raise TimeoutError(f"the agent did not go quiet within {timeout:.0f} s")
 
@@ -201,11 +201,20 @@ class Caller:
         task.add_done_callback(self._readers.discard)
 
     async def _read_transcript(self, reader: rtc.TextStreamReader, identity: str) -> None:
+        """One transcript segment; it is listed at once and its text grows as chunks arrive."""
         attributes = dict(reader.info.attributes or {})
-        text = await reader.read_all()
-        self.transcripts.append(Transcript(identity=identity, text=text,
-                                           final=attributes.get("lk.transcription_final") == "true",
-                                           attributes=attributes))
+        transcript = Transcript(identity=identity, text="",
+                                final=attributes.get("lk.transcription_final") == "true",
+                                attributes=attributes)
+        self.transcripts.append(transcript)
+        try:
+            async for chunk in reader:
+                transcript.text += chunk
+        except rtc.StreamError:  # the room closed mid-segment: keep what arrived
+            return
+        # The closing trailer carries the final attributes (lk.transcription_final = true).
+        transcript.attributes = dict(reader.info.attributes or {})
+        transcript.final = transcript.attributes.get("lk.transcription_final") == "true"
 
     # -- waiting for the agent
 

@@ -4,11 +4,17 @@ exactly as `scripts/dev` does).
 
 Ports: LiveKit 17880 (signalling), 17881 (RTC over TCP), 17882 (RTC over UDP); worker 18310.
 Logs of every part land in the pytest temp dir; a failing test prints where.
+
+To run the tests against a stack that is already up (e.g. `./scripts/dev`), set
+E2E_LIVEKIT_URL (ws://127.0.0.1:7880) and E2E_WORKER_URL (http://127.0.0.1:8000).
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,7 +22,15 @@ from pathlib import Path
 
 import pytest
 
-from scripts.stack import Process, Stack, find_livekit_server, livekit_server, omni_worker, voice_agent
+from scripts.stack import (
+    TINY_RANDOM_REPLY,
+    Process,
+    Stack,
+    find_livekit_server,
+    livekit_server,
+    omni_worker,
+    voice_agent,
+)
 
 LIVEKIT_PORT = 17880
 WORKER_PORT = 18310
@@ -42,8 +56,13 @@ class LocalStack:
                 total += float(m.group(2))
         return total
 
-    def agent_log(self) -> list[str]:
-        return self.processes["agent"].lines()
+    async def wait_for_metric_above(self, name: str, value: float, timeout: float = 10.0) -> float:
+        """Poll a worker counter until it exceeds `value` (the worker updates it a moment
+        after the client sees the effect); return the last reading either way."""
+        deadline = time.monotonic() + timeout
+        while (current := await asyncio.to_thread(self.worker_metric, name)) <= value and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        return current
 
 
 def require_livekit_server() -> None:
@@ -54,13 +73,17 @@ def require_livekit_server() -> None:
 
 @pytest.fixture(scope="session")
 def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    require_livekit_server()
     log_dir = tmp_path_factory.mktemp("e2e-stack")
+    if os.environ.get("E2E_LIVEKIT_URL") and os.environ.get("E2E_WORKER_URL"):
+        yield LocalStack(livekit_url=os.environ["E2E_LIVEKIT_URL"], worker_http=os.environ["E2E_WORKER_URL"],
+                         log_dir=log_dir, processes={})
+        return
+    require_livekit_server()
     livekit_url = f"ws://127.0.0.1:{LIVEKIT_PORT}"
     stack = Stack(echo=None, log_dir=log_dir, say=lambda msg: print(f"[e2e stack] {msg}"))
     try:
         stack.start(livekit_server(LIVEKIT_PORT, LIVEKIT_PORT + 1, LIVEKIT_PORT + 2))
-        stack.start(omni_worker(WORKER_PORT))
+        stack.start(omni_worker(WORKER_PORT, extra_args=TINY_RANDOM_REPLY))
         stack.start(voice_agent(livekit_url=livekit_url,
                                 omni_url=f"ws://127.0.0.1:{WORKER_PORT}/v1/realtime"))
         yield LocalStack(livekit_url=livekit_url, worker_http=f"http://127.0.0.1:{WORKER_PORT}",

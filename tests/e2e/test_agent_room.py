@@ -4,9 +4,10 @@ listens to the agent's audio track.
 What is checked, all through what a participant can see:
 - the agent is dispatched, joins, greets, and answers speech with audio and transcripts;
 - the model's conversation keeps every turn (three turns);
-- a true barge-in stops the agent's audio while the caller is still talking and cuts the reply
-  on the worker;
-- a short burst over the agent's speech pauses it, and the same reply then resumes.
+- a true barge-in stops the agent's audio while the caller is still talking, and the reply
+  still being generated is cancelled on the worker;
+- a short burst over the agent's speech pauses it, and the same reply then resumes; nothing
+  is cancelled and no new turn starts.
 
 Latencies are printed (run with -s to see them), never asserted: bench/voice_to_voice.py
 measures them properly.
@@ -78,12 +79,12 @@ async def test_conversation_keeps_three_turns(local_stack: LocalStack) -> None:
             await audio.quiet_after(time.time(), quiet_s=0.5, timeout=REPLY_TIMEOUT_S)
         # Each turn adds the caller's audio and the agent's reply to the worker's conversation,
         # and nothing is dropped: the third reply is generated with both earlier turns in context.
-        assert all(later - earlier >= 2 for earlier, later in zip(sizes, sizes[1:])), sizes
+        assert all(later - earlier >= 2 for earlier, later in zip(sizes, sizes[1:], strict=False)), sizes
     finally:
         await caller.aclose()
 
 
-async def test_barge_in_stops_the_agent_and_cuts_the_reply(local_stack: LocalStack) -> None:
+async def test_barge_in_stops_the_agent_and_cancels_the_reply(local_stack: LocalStack) -> None:
     caller = await join_and_wait_for_greeting(local_stack, "barge-in")
     audio = caller.agent_audio
     assert audio is not None
@@ -93,23 +94,24 @@ async def test_barge_in_stops_the_agent_and_cuts_the_reply(local_stack: LocalSta
         await asyncio.sleep(0.2)
         cancels_before = local_stack.worker_metric("omni_response_cancels_total")
 
-        barge_in = asyncio.create_task(caller.mic.say(load_wav("e2e_barge_in.wav")))
+        barge_in = asyncio.create_task(caller.mic.say(load_wav("e2e_stop.wav")))
         decided = await caller.wait_for_event("agent_state", after=agent_started, state="listening", timeout=10)
-        stopped = await audio.quiet_after(decided["at"], quiet_s=0.3, timeout=10)
+        # After a true barge-in the agent stays quiet at least until the caller's turn ends.
+        stopped = await audio.quiet_after(decided["at"], quiet_s=1.0, timeout=10)
         spoken = await barge_in
 
-        print(f"\nbarge-in: agent audio stopped at the caller {(stopped - decided['at']) * 1000:.0f} ms after "
-              f"the agent decided to stop, {(stopped - spoken.started_at) * 1000:.0f} ms after the caller "
-              f"started talking")
-        assert spoken.started_at < stopped < spoken.ended_at, "the agent kept talking over the caller"
+        assert stopped is not None
+        print(f"\nbarge-in: last agent audio at the caller {(stopped - decided['at']) * 1000:.0f} ms after the "
+              f"agent decided to stop, {(stopped - spoken.started_at) * 1000:.0f} ms after the caller started talking")
+        assert stopped < spoken.ended_at, "the agent kept talking over the caller"
 
+        # The barge-in is a turn: the reply being generated is cancelled on the worker...
+        await caller.wait_for_event("user_turn", after=spoken.started_at, timeout=REPLY_TIMEOUT_S)
+        await caller.wait_for_event("response_done", after=spoken.started_at, cancelled=True, timeout=10)
+        assert await local_stack.wait_for_metric_above("omni_response_cancels_total", cancels_before) > cancels_before
         cut = await caller.wait_for_event("turn", after=said.ended_at, timeout=REPLY_TIMEOUT_S)
         assert cut["interrupted"] is True
-        # Still generating → cancelled on the worker; already generated → truncated to what was
-        # heard. With tiny-random on CPU the reply is still being generated here.
-        assert local_stack.worker_metric("omni_response_cancels_total") > cancels_before
-
-        # The barge-in was a turn: the agent answers it.
+        # ...and the agent answers the barge-in.
         await audio.first_voice_after(spoken.ended_at, timeout=REPLY_TIMEOUT_S)
     finally:
         await caller.aclose()
@@ -123,7 +125,6 @@ async def test_short_burst_pauses_then_resumes_the_same_reply(local_stack: Local
         said = await caller.mic.say(load_wav("e2e_q2_weather.wav"))
         agent_started = await audio.first_voice_after(said.ended_at, timeout=REPLY_TIMEOUT_S)
         await asyncio.sleep(0.2)
-        cancels_before = local_stack.worker_metric("omni_response_cancels_total")
 
         burst = await caller.mic.say(load_wav("e2e_burst_200ms.wav"))
         paused = await caller.wait_for_event("agent_state", after=agent_started, state="listening", timeout=10)
@@ -132,19 +133,18 @@ async def test_short_burst_pauses_then_resumes_the_same_reply(local_stack: Local
         assert resumed["resumed"] is True
         back = await audio.first_voice_after(resumed["at"], timeout=10)
 
-        print(f"\nburst of {ignored['speech_s'] * 1000:.0f} ms: agent paused {(paused['at'] - burst.started_at) * 1000:.0f} ms "
-              f"after it started, resumed {(back - paused['at']) * 1000:.0f} ms later")
+        print(f"\nburst of {ignored['speech_s'] * 1000:.0f} ms: agent paused "
+              f"{(paused['at'] - burst.started_at) * 1000:.0f} ms after it started, "
+              f"resumed {(back - paused['at']) * 1000:.0f} ms later")
         # The audio really paused at the caller: nothing voiced between the pause and the resume.
         gap = [t for t in audio.voiced_at if paused["at"] + 0.2 < t < resumed["at"]]
         assert not gap, f"agent audio kept playing during the pause ({len(gap)} voiced frames)"
 
+        # The same reply went on to its end: the burst was no turn, and nothing was cancelled.
         reply = await caller.wait_for_event("turn", after=said.ended_at, timeout=REPLY_TIMEOUT_S)
         assert reply["interrupted"] is False
-        # The same reply went on: nothing was cancelled on the worker, and the burst did not
-        # start a new reply (the agent never went back to "thinking").
-        await asyncio.sleep(1.0)
-        assert local_stack.worker_metric("omni_response_cancels_total") == cancels_before
-        thinking = [ev for ev in caller.events_of("agent_state", after=paused["at"]) if ev["state"] == "thinking"]
-        assert not thinking, "the burst started a new reply"
+        assert not caller.events_of("user_turn", after=burst.started_at)
+        done = await caller.wait_for_event("response_done", after=said.ended_at, timeout=10)
+        assert done["cancelled"] is False
     finally:
         await caller.aclose()
