@@ -113,4 +113,4 @@ async def test_speech_length_vad_passes_events_through_and_measures_speech() -> 
             assert speech_vad.last_speech_s == event.speech_duration
     await stream.aclose()
     burst, question = lengths
-    assert burst < 0.4 < 1.5 < question  # a 200 ms burst and a 1.9 s question
+    assert burst < 0.4 < 1.0 < question  # a 200 ms burst and a 1.3 s sentence
