@@ -140,9 +140,12 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--max-output-tokens", type=int, default=24)
     parser.add_argument("--port", type=int, default=18765)
+    parser.add_argument("--min-audio-seconds", type=float, default=2.0,
+                        help="reference engine: speech per reply at least (a random talker may stop early)")
     args = parser.parse_args()
 
-    inner = NullEngine("null") if args.engine == "null" else eng.create_engine("reference", args.model)
+    inner = NullEngine("null") if args.engine == "null" else eng.create_engine(
+        "reference", args.model, min_audio_seconds=args.min_audio_seconds)
     engine = StampingEngine(inner)
     ready = threading.Event()
     threading.Thread(target=run_worker, args=(engine, args.port, ready), daemon=True).start()

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import subprocess
+import sys
+import time
 
 import aiohttp
 import numpy as np
 
+from tests.conftest import REPO, TINY_ENGINE_ARGS, free_port
 from tests.support.realtime_client import RealtimeClient, audio_of, speech_like, transcript_of
 
 # tiny-random has random weights: its words are noise, but the path is the real one.
@@ -143,3 +148,30 @@ async def test_openai_sdk_client_unchanged(omni_worker):
             elif event.type == "error":
                 raise AssertionError(event.error)
     assert status in ("completed", "incomplete") and audio_bytes > 0
+
+
+async def test_health_is_503_until_warm(tmp_path):
+    """The socket listens before the model is loaded and warmed; until then /health says 503."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "inference", "serve", "--model", "tiny-random",
+                             "--insecure-no-auth", "--port", str(port), *TINY_ENGINE_ARGS],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    seen: list[tuple[int, str]] = []
+    try:
+        async with aiohttp.ClientSession() as http:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline and (not seen or seen[-1][0] != 200):
+                try:
+                    async with http.get(f"http://127.0.0.1:{port}/health") as r:
+                        seen.append((r.status, (await r.json())["status"]))
+                    if seen[-1][0] == 503:
+                        async with http.get(f"http://127.0.0.1:{port}/v1/realtime") as r:
+                            assert r.status == 503 and (await r.json())["error"]["code"] == "not_ready"
+                except aiohttp.ClientConnectionError:
+                    pass
+                await asyncio.sleep(0.02)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert seen[0] == (503, "loading"), seen[:3]
+    assert seen[-1] == (200, "ready")
