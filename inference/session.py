@@ -24,7 +24,7 @@ from .config import Limits
 from .conversation import Conversation, ConversationError, Entry, entry_context
 from .metrics import WorkerMetrics
 from .response import ResponseRun
-from .vad import EnergyVad, SpeechStarted
+from .vad import EnergyVad, SpeechStarted, SpeechStopped
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ class RealtimeSession:
         self._buffer: list[np.ndarray] = []  # uncommitted input audio, int16 at 16 kHz
         self._buffered = 0
         self._vad: EnergyVad | None = None
+        self._vad_item_id: str | None = None
         self._response: ResponseRun | None = None
         self._response_task: asyncio.Task[None] | None = None
         self._send_lock = asyncio.Lock()
@@ -225,18 +226,21 @@ class RealtimeSession:
             self._buffer.append(pcm16k)
             self._buffered += pcm16k.size
 
-    async def _on_vad(self, event: Any) -> None:
-        item_id = p.new_id("item")
+    async def _on_vad(self, event: SpeechStarted | SpeechStopped) -> None:
+        # started, stopped and committed name the same item, as OpenAI's server does
+        td = self.config.audio.input.turn_detection
         if isinstance(event, SpeechStarted):
-            await self.send(p.InputAudioBufferSpeechStarted(audio_start_ms=event.audio_start_ms, item_id=item_id))
-            td = self.config.audio.input.turn_detection
+            self._vad_item_id = p.new_id("item")
+            await self.send(p.InputAudioBufferSpeechStarted(audio_start_ms=event.audio_start_ms,
+                                                            item_id=self._vad_item_id))
             if td and td.interrupt_response:
                 await self._cancel_response("turn_detected")
             return
+        item_id = self._vad_item_id or p.new_id("item")
+        self._vad_item_id = None
         await self.send(p.InputAudioBufferSpeechStopped(audio_end_ms=event.audio_end_ms, item_id=item_id))
         if self._buffered >= MIN_COMMIT_SAMPLES:
             await self._commit_buffer(item_id)
-            td = self.config.audio.input.turn_detection
             if td and td.create_response and self._response_task is None:
                 await self._start_response(p.ResponseParams(), event_id=None)
 

@@ -231,8 +231,9 @@ async def test_server_vad_commits_and_answers(gateway):
                                              np.zeros(12000, np.float32)]))
         started = await c.wait_for("input_audio_buffer.speech_started")
         stopped = await c.wait_for("input_audio_buffer.speech_stopped")
-        await c.wait_for("input_audio_buffer.committed")
+        committed = await c.wait_for("input_audio_buffer.committed")
         events = await c.until_done()
+    assert started["item_id"] == stopped["item_id"] == committed["item_id"]
     assert 0 <= started["audio_start_ms"] <= 500
     assert 1300 <= stopped["audio_end_ms"] <= 1700
     assert events[-1]["response"]["status"] == "completed"
