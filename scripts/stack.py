@@ -134,9 +134,14 @@ class Process:
                 return False
         return self._log_ready.is_set() if self._ready_pattern else True
 
-    def signal(self, sig: int) -> None:
+    def signal(self, sig: int, *, whole_group: bool = True) -> None:
+        """To the process group we created for it, children included, as a terminal's Ctrl-C
+        would; `whole_group=False`: to the main process only, as `docker stop` or Kubernetes."""
         try:
-            os.killpg(self.proc.pid, sig)  # the group we created for it, children included
+            if whole_group:
+                os.killpg(self.proc.pid, sig)
+            else:
+                self.proc.send_signal(sig)
         except ProcessLookupError:
             pass
 

@@ -166,16 +166,21 @@ class Caller:
         self._readers: set[asyncio.Task[None]] = set()
 
     @classmethod
-    async def join(cls, url: str, room_name: str, *, identity: str = "caller",
+    async def join(cls, url: str, room_name: str, *, identity: str = "caller", agent_name: str | None = None,
                    api_key: str = "devkey", api_secret: str = "secret") -> Caller:
+        """Join (creating the room). With `agent_name`, the room asks for that agent only;
+        without, LiveKit dispatches every agent worker registered without a name."""
         token = (api.AccessToken(api_key, api_secret).with_identity(identity)
-                 .with_grants(api.VideoGrants(room_join=True, room=room_name)).to_jwt())
+                 .with_grants(api.VideoGrants(room_join=True, room=room_name)))
+        if agent_name is not None:
+            token = token.with_room_config(
+                api.RoomConfiguration(agents=[api.RoomAgentDispatch(agent_name=agent_name)]))
         room = rtc.Room()
         caller = cls(room, room_name)
         room.on("track_subscribed", caller._on_track_subscribed)
         room.on("data_received", caller._on_data)
         room.register_text_stream_handler(TRANSCRIPTION_TOPIC, caller._on_transcript_stream)
-        await room.connect(url, token)
+        await room.connect(url, token.to_jwt())
         track = rtc.LocalAudioTrack.create_audio_track("microphone", caller.mic.source)
         await room.local_participant.publish_track(
             track, rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE))
