@@ -22,11 +22,14 @@ from inference.engine import (
     AssistantText, AudioDelta, Finished, GenerationRequest, TextDelta, ToolCall, ToolCallDelta,
     ToolResult, ToolSpec, UserAudio, UserText, create_engine,
 )
+from inference.engine.reference import static_cache as static_cache_module
 from inference.engine.reference import talker as talker_module
 from inference.engine.reference.detokenize import IncrementalDecoder
 from inference.engine.reference.prompt import build_messages, build_prompt
 from inference.engine.reference.sampling import TALKER_SAMPLING
 from inference.engine.reference.tiny import build_tiny_model, ensure_tiny_model
+from inference.engine.reference.token2wav_runner import Token2WavRunner
+from inference.engine.reference.token2wav_stream import ChunkPlan, StreamingToken2Wav
 from inference.engine.reference.tool_calls import ParsedCall, ToolCallParser
 
 asyncio_module = pytest.mark.asyncio(loop_scope="module")
@@ -69,6 +72,24 @@ async def engine(cache_dir):
     await engine.start()
     yield engine
     await engine.close()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def static_engine(engine):
+    """The fast path's static KV caches, run eagerly on the CPU, with attention windows small
+    enough that decoding crosses from one window to the next (prompts are ~160 tokens)."""
+    smallest = static_cache_module.SMALLEST_WINDOW
+    static_cache_module.SMALLEST_WINDOW = 41  # windows 41, 82, 164, 328, 400
+    try:
+        static = create_engine("reference", "tiny-random", seed=7, max_audio_seconds=2.0,
+                               min_audio_seconds=1.0, ode_steps=4, max_new_tokens=64,
+                               static_cache=True, static_cache_tokens=400, warmup=False)
+        await static.start_with_model(engine.loaded)
+    finally:
+        static_cache_module.SMALLEST_WINDOW = smallest
+    yield static
+    static.loaded = None  # the model belongs to `engine`
+    await static.close()
 
 
 def speech(seconds: float = 1.0, seed: int = 0) -> np.ndarray:
@@ -179,8 +200,13 @@ async def test_audio_is_24khz_float32(engine):
     # each codec code is 2 mel frames of 240 samples
     assert len(audio) == finished.output_audio_tokens * 480
     assert finished.input_audio_tokens == 25  # 1 s of input audio
-    for key in ("queue_wait_s", "first_text_s", "first_audio_s", "total_s", "audio_s"):
-        assert finished.timings[key] >= 0
+    for key in ("queue_wait_s", "first_text_s", "first_audio_s", "total_s", "audio_s",
+                "prompt_s", "prefill_s", "audio_encoder_s", "talker_prefill_s",
+                "first_chunk_decode_s", "first_dit_s", "first_vocoder_s"):
+        assert finished.timings[key] >= 0, key
+    # default plan: the first chunk (1 block = 12 codes) waits for 1 block of look-ahead
+    assert finished.timings["first_chunk_codes"] == 24
+    assert finished.timings["static_decode"] == 0
 
 
 @asyncio_module
@@ -354,12 +380,11 @@ async def test_required_tool_choice_picks_one_of_several_tools(engine):
 
 def test_token2wav_window_matches_the_dit_sampler(engine):
     """Over a window holding the whole reply, the streamed ODE is `DiT.sample` exactly."""
-    from inference.engine.reference.token2wav_stream import ChunkPlan, StreamingToken2Wav
-
     model = engine.loaded.model
     speaker = model.speaker_map["Ethan"]
-    stream = StreamingToken2Wav(model.token2wav, speaker, ChunkPlan(ode_steps=4),
-                                torch.device("cpu"), torch.Generator().manual_seed(3))
+    plan = ChunkPlan(ode_steps=4)
+    runner = Token2WavRunner(model.token2wav, model.speaker_map, plan, torch.device("cpu"))
+    stream = StreamingToken2Wav(runner, "Ethan", plan, torch.Generator().manual_seed(3))
     for code in range(30):
         stream.push(code % 60)
     frames = stream.frames
@@ -370,7 +395,7 @@ def test_token2wav_window_matches_the_dit_sampler(engine):
             torch.tensor([stream.codes]), num_steps=4)
         torch.manual_seed(11)
         stream.noise = torch.randn(1, frames, model.token2wav.code2wav_dit_model.mel_dim)
-        streamed = stream._sample(0, frames)
+        streamed = stream._sample(0, frames, steps=4)
     torch.testing.assert_close(streamed, expected, rtol=1e-4, atol=1e-4)
 
 
@@ -398,11 +423,8 @@ def test_chunked_vocoding_equals_one_shot_vocoding(engine):
     """With `vocoder_context` frames on both sides, chunk seams are inaudible: the chunks join
     into what BigVGAN makes of the whole mel at once (here the right context is the true mel;
     in streaming it is the DiT's provisional look-ahead)."""
-    from inference.engine.reference.token2wav_stream import ChunkPlan, StreamingToken2Wav
-
     model = engine.loaded.model
-    stream = StreamingToken2Wav(model.token2wav, model.speaker_map["Chelsie"], ChunkPlan(),
-                                torch.device("cpu"), None)
+    stream = StreamingToken2Wav(engine.token2wav, "Chelsie", ChunkPlan(), None)
     mel = torch.randn(1, 80, 120, generator=torch.Generator().manual_seed(5)) - 4.0
     with torch.inference_mode():
         whole = model.token2wav.code2wav_bigvgan_model(mel).numpy()
@@ -414,3 +436,111 @@ def test_chunked_vocoding_equals_one_shot_vocoding(engine):
     joined = np.concatenate(pieces)
     assert joined.shape == whole.shape
     assert np.sqrt(np.mean((joined - whole) ** 2)) < 1e-4 * np.sqrt(np.mean(whole ** 2))
+
+
+# --------------------------------------------------------------------------- fast path
+
+@asyncio_module
+async def test_static_cache_matches_the_dynamic_cache(engine, static_engine, monkeypatch):
+    """The static KV caches (here eager, on the CPU; on a GPU their steps are CUDA graphs)
+    give the same text, codes and audio as transformers' DynamicCache, across window sizes."""
+    greedy = dataclasses.replace(TALKER_SAMPLING, do_sample=False)
+    for each in (engine, static_engine):
+        monkeypatch.setattr(each, "settings", dataclasses.replace(each.settings, talker_sampling=greedy))
+    codes: list[int] = []
+    original = talker_module.TalkerRunner._next_code
+
+    def record(self, logits):
+        codes.append(original(self, logits))
+        return codes[-1]
+
+    monkeypatch.setattr(talker_module.TalkerRunner, "_next_code", record)
+    results = []
+    for each in (engine, static_engine):
+        codes.clear()
+        deltas = await collect(each, request(max_output_tokens=20))
+        text = "".join(d.text for d in deltas if isinstance(d, TextDelta))
+        results.append((text, list(codes), audio_of(deltas), deltas[-1]))
+    (text, dynamic_codes, audio, finished), (static_text, static_codes, static_audio, static_finished) = results
+    assert finished.timings["static_decode"] == 0 and static_finished.timings["static_decode"] == 1
+    assert static_text == text and static_codes == dynamic_codes and len(dynamic_codes) > 50
+    np.testing.assert_allclose(static_audio, audio, atol=1e-5)
+
+
+@asyncio_module
+async def test_a_prompt_too_long_for_the_static_cache_is_decoded_eagerly(static_engine):
+    long_text = " ".join(["Please book a table for two people at seven tonight."] * 30)
+    deltas = await collect(static_engine, request(context=[UserText(long_text)], max_output_tokens=8))
+    finished = deltas[-1]
+    assert finished.input_tokens > 400 and finished.timings["static_decode"] == 0
+    assert finished.output_text_tokens >= 1
+
+
+def test_static_cache_windows_and_mask():
+    from transformers import Qwen2_5OmniTalkerConfig
+
+    config = Qwen2_5OmniTalkerConfig(num_hidden_layers=1, num_attention_heads=2,
+                                     num_key_value_heads=1, hidden_size=8, head_dim=4)
+    cache = static_cache_module.StaticKVCache(config, 1500, torch.device("cpu"), torch.float32)
+    assert cache.windows == [512, 1024, 1500]
+    assert cache.window_for(1) == 512 and cache.window_for(513) == 1024
+    assert cache.window_for(1500) == 1500
+    with pytest.raises(ValueError):
+        cache.window_for(1501)
+    cache.window = 512
+    cache.write_at.fill_(3)
+    mask = cache.mask(2)[0, 0]
+    assert mask.shape == (2, 512)
+    assert mask[0, :4].all() and not mask[0, 4:].any()
+    assert mask[1, :5].all() and not mask[1, 5:].any()
+
+
+def test_padded_dit_window_equals_the_unpadded_one(engine):
+    """On CUDA one captured ODE solve serves windows of every length: shorter ones are padded
+    and the padding walled off in attention. The real frames come out the same."""
+    from inference.engine.reference.token2wav_runner import _WindowOde
+
+    model = engine.loaded.model
+    plan = ChunkPlan(ode_steps=4)
+    runner = Token2WavRunner(model.token2wav, model.speaker_map, plan, torch.device("cpu"))
+    speaker = runner.speaker("Chelsie")
+    padded = _WindowOde(runner, frames=120, steps=4, speaker=speaker, capture=False)
+    generator = torch.Generator().manual_seed(2)
+    for codes in ([5, 9, 13] * 8, [1, 2, 3, 4, 5] * 4 + [6]):  # 48 and 42 frames
+        noise = torch.randn(1, len(codes) * 2, 80, generator=generator)
+        with torch.inference_mode():
+            expected = runner.sample(codes, noise, speaker, steps=4)
+            mel = padded(codes, noise, speaker)
+        assert mel.shape == expected.shape
+        torch.testing.assert_close(mel, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_vocoder_without_host_copy_equals_bigvgan(engine):
+    from inference.engine.reference.token2wav_runner import mel_to_wave
+
+    vocoder = engine.loaded.model.token2wav.code2wav_bigvgan_model
+    mel = torch.randn(1, 80, 44, generator=torch.Generator().manual_seed(4)) - 4.0
+    with torch.inference_mode():
+        expected = vocoder(mel)
+        wave = mel_to_wave(vocoder, mel, engine.token2wav.min_level)
+    assert torch.equal(wave.reshape(-1), expected.reshape(-1))
+
+
+def test_first_chunk_can_skip_its_lookahead(engine):
+    """first_lookahead_blocks=0: the first chunk (12 codes) is decoded as soon as its own codes
+    are there; later chunks keep their look-ahead."""
+    plan = ChunkPlan(first_lookahead_blocks=0, first_ode_steps=2, ode_steps=4)
+    runner = Token2WavRunner(engine.loaded.model.token2wav, engine.loaded.model.speaker_map,
+                             plan, torch.device("cpu"))
+    stream = StreamingToken2Wav(runner, "Ethan", plan, torch.Generator().manual_seed(1))
+    chunks = []
+    with torch.inference_mode():
+        for code in range(80):
+            stream.push(code % 60)
+            if stream.ready():
+                chunks.append((len(stream.codes), len(stream.decode_chunk())))
+    # the first chunk after 12 codes; then 2-block chunks, each waiting for 1 block ahead
+    assert chunks[:3] == [(12, 24 * 240), (48, 48 * 240), (72, 48 * 240)]
+    assert stream.first_chunk_codes == 12
+    assert plan.longest_window(24) == 120
+    assert plan.vocoder_lengths(24) == [24, 88]

@@ -22,9 +22,12 @@ from ..base import (
     AudioDelta, Delta, EngineError, Finished, GenerationRequest, OmniEngine, UserAudio, UserText,
 )
 from .constrained import GrammarFactory
+from .decode_slots import DecodeSlots
 from .generation import Generation, GenerationSettings
 from .loading import LoadedModel, load_model, resolve_device, resolve_dtype
+from .token2wav_runner import Token2WavRunner
 from .token2wav_stream import Cancelled, ChunkPlan, StreamingToken2Wav
+from .voice import max_codes_for
 
 logger = logging.getLogger(__name__)
 
@@ -50,18 +53,34 @@ class ReferenceEngine(OmniEngine):
       ode_steps: token2wav DiT ODE steps per chunk (default 10, as in transformers; fewer is
         faster and rougher).
       first_chunk_blocks, chunk_blocks: audio chunk sizes in DiT blocks of 24 mel frames
-        (0.24 s); the first chunk is small so audio starts early (defaults 1 and 2).
+        (0.24 s, 12 talker codes); the first chunk is small so audio starts early (defaults
+        1 and 2).
       lookahead_blocks, lookback_blocks: DiT context around each chunk (defaults 1 and 2).
+      first_lookahead_blocks, first_ode_steps: the same for the first chunk only (default:
+        as the others). The first chunk waits for (first_chunk_blocks + first_lookahead_blocks)
+        × 12 codes, one decode step each, so these set most of the time to first audio.
+      static_cache: decode with preallocated KV caches, one set per concurrent generation
+        (default: on with cuda_graphs). Works on the CPU too (tests compare it with the
+        default DynamicCache path).
+      cuda_graphs: capture the thinker and talker decode steps, the token2wav ODE and the
+        vocoder in CUDA graphs at start-up (default True on cuda; cuda only).
+      static_cache_tokens: thinker context the static caches hold (default 4096); a prompt
+        plus reply that may not fit is decoded eagerly instead.
       seed: fixes all sampling and token2wav noise (default None: random per reply).
       torch_threads: torch's intra-op threads for the process (default: 1 for tiny-random on
         cpu, whose ops are too small to gain from threads that spin on a busy machine;
         otherwise torch's own default).
       warmup: run one short generation in `start()` (default True).
 
-    `Finished.timings` (seconds): queue_wait_s, prefill_s, first_text_s and first_audio_s
-    (from the request's arrival; present only if that output was produced), total_s, audio_s
-    (speech produced), decode_steps (a count), decode_s (time in decode steps, token2wav
-    included) and token2wav_s.
+    `Finished.timings` (seconds): queue_wait_s, prompt_s (chat template + audio features, on
+    the CPU), first_text_s and first_audio_s (from the request's arrival; present only if that
+    output was produced), total_s, audio_s (speech produced), decode_steps (a count), decode_s
+    (time in decode steps, token2wav included), token2wav_s, static_decode (1 if the fast
+    decode path was used). The path to the first audio, phase by phase (GPU time on cuda,
+    measured with CUDA events, so without synchronising): prefill_s (audio encoder + thinker
+    prefill), audio_encoder_s, talker_prefill_s (first thinker step + talker prefill),
+    first_chunk_decode_s (decode steps until the first chunk's codes are there),
+    first_chunk_codes (how many codes that was), first_dit_s, first_vocoder_s.
     """
 
     name = "reference"
@@ -71,11 +90,27 @@ class ReferenceEngine(OmniEngine):
                  max_audio_seconds: float = 60.0, min_audio_seconds: float = 0.0,
                  max_tool_argument_tokens: int = 256,
                  ode_steps: int = 10, first_chunk_blocks: int = 1, chunk_blocks: int = 2,
-                 lookahead_blocks: int = 1, lookback_blocks: int = 2, seed: int | None = None,
+                 lookahead_blocks: int = 1, lookback_blocks: int = 2,
+                 first_lookahead_blocks: int | None = None, first_ode_steps: int | None = None,
+                 static_cache: bool | None = None, cuda_graphs: bool | None = None,
+                 static_cache_tokens: int = 4096, seed: int | None = None,
                  torch_threads: int | None = None, warmup: bool = True) -> None:
         super().__init__(model)
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        if cuda_graphs is None:
+            cuda_graphs = self.device.type == "cuda"
+        if cuda_graphs and self.device.type != "cuda":
+            raise ValueError("cuda_graphs needs a cuda device")
+        if static_cache is None:
+            static_cache = cuda_graphs
+        if cuda_graphs and not static_cache:
+            raise ValueError("cuda_graphs needs static_cache")
+        if static_cache_tokens < 1:
+            raise ValueError("static_cache_tokens must be positive")
+        self.cuda_graphs = cuda_graphs
+        self.static_cache = static_cache
+        self.static_cache_tokens = static_cache_tokens
         if max_concurrency is None:
             max_concurrency = 1 if self.device.type == "cpu" else 4
         if max_concurrency < 1 or max_new_tokens < 1 or max_audio_seconds <= 0:
@@ -87,19 +122,29 @@ class ReferenceEngine(OmniEngine):
             max_tool_argument_tokens=max_tool_argument_tokens, seed=seed,
             chunk_plan=ChunkPlan(first_chunk_blocks=first_chunk_blocks, chunk_blocks=chunk_blocks,
                                  lookahead_blocks=lookahead_blocks, lookback_blocks=lookback_blocks,
-                                 ode_steps=ode_steps))
+                                 ode_steps=ode_steps, first_lookahead_blocks=first_lookahead_blocks,
+                                 first_ode_steps=first_ode_steps))
         if torch_threads is None and model == "tiny-random" and self.device.type == "cpu":
             torch_threads = 1
         self.torch_threads = torch_threads
         self.warmup = warmup
         self.voices: tuple[str, ...] = ("Chelsie", "Ethan")
         self.loaded: LoadedModel | None = None
+        self.token2wav: Token2WavRunner | None = None
+        self.slots: DecodeSlots | None = None
         self._grammar = None
         self._slots: asyncio.Semaphore | None = None
         self._jobs: set[_Job] = set()
         self._stats_lock = threading.Lock()
         #: decode steps run by all generations so far (for tests and metrics)
         self.decode_steps = 0
+
+    @property
+    def fast_path(self) -> dict:
+        """What the GPU fast path uses (for logs and benchmarks)."""
+        return {"static_cache": self.slots is not None,
+                "cuda_graphs": self.cuda_graphs and self.slots is not None,
+                "token2wav_graphs": self.token2wav.graphed if self.token2wav else {}}
 
     @property
     def active_generations(self) -> int:
@@ -126,6 +171,15 @@ class ReferenceEngine(OmniEngine):
         tokenizer = self.loaded.processor.tokenizer
         vocab = self.loaded.model.thinker.lm_head.out_features
         self._grammar = await asyncio.to_thread(GrammarFactory, tokenizer, vocab)
+        model = self.loaded.model
+        self.token2wav = await asyncio.to_thread(
+            Token2WavRunner, model.token2wav, model.speaker_map, self.settings.chunk_plan,
+            self.device, self.cuda_graphs)
+        if self.static_cache:
+            self.slots = await asyncio.to_thread(
+                DecodeSlots, model, self.max_concurrency, self.static_cache_tokens,
+                max_codes_for(model, self.settings.max_audio_seconds), self.device,
+                self.cuda_graphs)
         self._slots = asyncio.Semaphore(self.max_concurrency)
         if self.warmup:
             await self._warm_up()
@@ -135,7 +189,7 @@ class ReferenceEngine(OmniEngine):
             job.cancel.set()
         for job in list(self._jobs):
             await asyncio.to_thread(job.thread.join)
-        self.loaded = None
+        self.loaded = self.token2wav = self.slots = None
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -154,10 +208,8 @@ class ReferenceEngine(OmniEngine):
         logger.info("warm-up done in %.2f s", time.monotonic() - started)
 
     def _warm_up_token2wav(self) -> None:
-        model = self.loaded.model
-        speaker = model.speaker_map[self.voices[0]]
-        stream = StreamingToken2Wav(model.token2wav, speaker, self.settings.chunk_plan,
-                                    self.device, torch.Generator(device=self.device).manual_seed(0))
+        stream = StreamingToken2Wav(self.token2wav, self.voices[0], self.settings.chunk_plan,
+                                    torch.Generator(device=self.device).manual_seed(0))
         with torch.inference_mode():
             while not stream.ready():
                 stream.push(0)
@@ -184,7 +236,7 @@ class ReferenceEngine(OmniEngine):
                 self.loaded, self._grammar, self.settings, request, voice,
                 emit=lambda delta: _post(loop, queue, delta, job),
                 cancelled=job.cancel.is_set, on_step=self._count_step, arrived=arrived,
-                queue_wait=time.monotonic() - arrived)
+                queue_wait=time.monotonic() - arrived, token2wav=self.token2wav, slots=self.slots)
             job.thread = threading.Thread(
                 target=self._run, args=(generation, loop, queue, job),
                 name=f"omni-{request.request_id}", daemon=True)

@@ -22,17 +22,31 @@ from typing import Callable
 import torch
 
 from ..base import AudioDelta, Finished, GenerationRequest, TextDelta, ToolCallDelta
-from .constrained import GrammarFactory, arguments_schema, call_schema
+from .constrained import CLOSING_LIMIT, GrammarFactory, arguments_schema, call_schema
+from .decode_slots import DecodeSlot, DecodeSlots
 from .detokenize import IncrementalDecoder
 from .loading import LoadedModel
+from .phases import PhaseClock
 from .prompt import Prompt, build_prompt, tools_offered
 from .sampling import TALKER_SAMPLING, SamplingParams, TokenSampler
 from .thinker import ThinkerRunner
+from .token2wav_runner import Token2WavRunner
 from .token2wav_stream import Cancelled, ChunkPlan
 from .voice import Voice
 from .tool_calls import OPEN_TAG, ParsedCall, ToolCallParser, new_call_id
 
 logger = logging.getLogger(__name__)
+
+# Finished.timings entries measured between PhaseClock marks (GPU time on CUDA): the path to
+# the first audio, phase by phase.
+PHASES = {
+    "prefill_s": ("prefill_start", "prefilled"),              # audio encoder + thinker prefill
+    "audio_encoder_s": ("prefill_start", "audio_encoded"),
+    "talker_prefill_s": ("prefilled", "talker_started"),      # + the first thinker step
+    "first_chunk_decode_s": ("talker_started", "first_codes"),  # steps until the 1st chunk's codes
+    "first_dit_s": ("first_codes", "first_mel"),
+    "first_vocoder_s": ("first_mel", "first_wave"),
+}
 
 
 @dataclass(frozen=True)
@@ -52,8 +66,11 @@ class Generation:
     def __init__(self, loaded: LoadedModel, grammar: GrammarFactory,
                  settings: GenerationSettings, request: GenerationRequest, voice: str,
                  emit: Callable[[object], None], cancelled: Callable[[], bool],
-                 on_step: Callable[[], None], arrived: float, queue_wait: float) -> None:
+                 on_step: Callable[[], None], arrived: float, queue_wait: float,
+                 token2wav: Token2WavRunner, slots: DecodeSlots | None = None) -> None:
         self.model = loaded.model
+        self.token2wav = token2wav
+        self.slots = slots
         self.processor = loaded.processor
         self.tokenizer = loaded.processor.tokenizer
         self.device = loaded.device
@@ -73,34 +90,58 @@ class Generation:
         self.tool_calls = 0
         self.prompt_tokens_in_reply = 0
         self.voice: Voice | None = None
+        self.clock = PhaseClock(self.device)
         seed = settings.seed if settings.seed is not None else secrets.randbits(63)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
     # ----------------------------------------------------------------- entry point
 
     def run(self) -> None:
-        thinker = ThinkerRunner(self.model.thinker, self.device)
+        slot = thinker = None
         try:
             with torch.inference_mode():
+                started = time.monotonic()
                 forced = self._forced_tools()
                 prefix = self._forced_prefix(forced)
                 prompt = build_prompt(self.processor, self.request, forced_prefix=prefix)
-                started = time.monotonic()
+                self.timings["prompt_s"] = time.monotonic() - started
+                slot = self._borrow_slot(prompt, forced)
+                thinker = ThinkerRunner(self.model.thinker, self.device,
+                                        slot.thinker if slot is not None else None, self.clock)
+                self.clock.mark("prefill_start")
                 out = thinker.prefill(prompt)
-                self.timings["prefill_s"] = time.monotonic() - started
+                self.clock.mark("prefilled")
                 if forced:
                     reason = self._forced_call(thinker, out.logits, forced, prefix)
                 else:
-                    reason = self._reply(thinker, prompt, out)
+                    reason = self._reply(thinker, prompt, out, slot)
         finally:
-            thinker.release()
+            if thinker is not None:
+                thinker.release()
             if self.voice is not None:
                 self.voice.release()
+            if slot is not None:  # later GPU work on the slot is queued after this reply's
+                self.slots.release(slot)
+        self.timings["static_decode"] = float(slot is not None)
         self._finish(reason, prompt)
+
+    def _borrow_slot(self, prompt: Prompt, forced) -> DecodeSlot | None:
+        """A decode slot of the fast path, if there is one and the reply surely fits in it."""
+        if self.slots is None:
+            return None
+        needed = prompt.input_ids.shape[1] + self._max_new_tokens()
+        if forced:
+            needed += CLOSING_LIMIT  # a forced call may run past its budget to close its JSON
+        if needed > self.slots.thinker_capacity:
+            logger.info("prompt (%d tokens) + reply may exceed the static KV cache (%d tokens): "
+                        "decoding eagerly", prompt.input_ids.shape[1], self.slots.thinker_capacity)
+            return None
+        return self.slots.acquire()
 
     # ----------------------------------------------------------------- free reply
 
-    def _reply(self, thinker: ThinkerRunner, prompt: Prompt, prefill) -> str:
+    def _reply(self, thinker: ThinkerRunner, prompt: Prompt, prefill,
+               slot: DecodeSlot | None) -> str:
         """A free reply: text (and speech) until the end of turn or a length limit."""
         sampler = TokenSampler(SamplingParams.from_generation_config(
             self.model.thinker.generation_config), self.device, generator=self.generator)
@@ -112,10 +153,11 @@ class Generation:
         if "audio" in self.request.modalities:
             voice = Voice(
                 self.model, self.voice_name, prompt, prefill.hidden + prefill.embeds, thinker.embed,
-                sampling=self.settings.talker_sampling, chunk_plan=self.settings.chunk_plan,
-                min_seconds=self.settings.min_audio_seconds,
+                token2wav=self.token2wav, sampling=self.settings.talker_sampling,
+                chunk_plan=self.settings.chunk_plan, min_seconds=self.settings.min_audio_seconds,
                 max_seconds=self.settings.max_audio_seconds, device=self.device,
-                generator=self.generator, cancelled=self.cancelled, on_audio=self._emit_audio)
+                generator=self.generator, cancelled=self.cancelled, on_audio=self._emit_audio,
+                talker_static=slot.talker if slot is not None else None, clock=self.clock)
         self.voice = voice
 
         history = prompt.input_ids.to(self.device)  # for a repetition penalty, if configured
@@ -252,6 +294,12 @@ class Generation:
         self.timings["decode_s"] = self.decode_time  # all decode steps, token2wav included
         voice = self.voice
         self.timings["token2wav_s"] = voice.token2wav_time if voice is not None else 0.0
+        for name, (start, end) in PHASES.items():
+            seconds = self.clock.seconds(start, end)
+            if seconds is not None:
+                self.timings[name] = seconds
+        if voice is not None and voice.audio is not None and voice.audio.first_chunk_codes:
+            self.timings["first_chunk_codes"] = float(voice.audio.first_chunk_codes)
         self._emit(Finished(
             reason=reason, input_tokens=int(prompt.input_ids.shape[1]) - self.prompt_tokens_in_reply,
             input_audio_tokens=prompt.audio_tokens, output_text_tokens=self.output_tokens,

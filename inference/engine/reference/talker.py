@@ -18,21 +18,64 @@ but incrementally:
 
 One deliberate difference: codes the token2wav cannot embed (beyond its codebook, other than
 the end codes) are suppressed too; generate would crash in token2wav on them.
+
+Decode steps use transformers' DynamicCache or, on the fast path, a `TalkerStaticStep` (a
+static KV cache, its step captured in CUDA graphs; see static_cache.py).
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from transformers import DynamicCache
 
+from .cuda_graphs import CapturedStep
 from .sampling import TokenSampler
+from .static_cache import StaticKVCache, forward_with_static_cache
+
+
+class TalkerStaticStep:
+    """One talker decode step (codec embedding of the last code + reply element → logits) on
+    a preallocated KV cache; on CUDA one captured graph per attention window. The logits are
+    a static tensor, valid until the next step."""
+
+    def __init__(self, talker, capacity: int, reply_width: int, device: torch.device,
+                 cuda_graphs: bool) -> None:
+        self.talker = talker
+        dtype = talker.codec_head.weight.dtype
+        self.cache = StaticKVCache(talker.config, capacity, device, dtype)
+        self.code = torch.zeros((1, 1), dtype=torch.long, device=device)
+        self.reply_input = torch.zeros((1, 1, reply_width), dtype=dtype, device=device)
+        self.position = torch.zeros((3, 1, 1), dtype=torch.long, device=device)
+        self.graphs = {window: CapturedStep(partial(self._run, window))
+                       for window in self.cache.windows} if cuda_graphs else {}
+
+    def __call__(self, code: int, reply_input: torch.Tensor, slot: int, position: int) -> torch.Tensor:
+        self.code.fill_(code)
+        self.reply_input.copy_(reply_input)
+        self.position.fill_(position)
+        self.cache.write_at.fill_(slot)
+        window = self.cache.window_for(slot + 1)
+        graph = self.graphs.get(window)
+        return graph.replay() if graph is not None else self._run(window)
+
+    def _run(self, window: int) -> torch.Tensor:
+        self.cache.window = window
+        inputs = self.talker.get_input_embeddings()(self.code) + self.reply_input
+        hidden = forward_with_static_cache(
+            self.talker.model, self.cache, self.talker.thinker_to_talker_proj(inputs),
+            self.position, start=None)
+        return self.talker.codec_head(hidden[:, -1])
 
 
 class TalkerRunner:
     def __init__(self, talker, codebook_size: int, sampler_factory, max_codes: int,
-                 device: torch.device, min_codes: int = 0) -> None:
+                 device: torch.device, min_codes: int = 0,
+                 static: TalkerStaticStep | None = None) -> None:
         config = talker.config
         self.talker = talker
+        self.static = static
         self.device = device
         self.max_codes = max_codes
         self.min_codes = min_codes  # end codes are masked until then (generate's min_new_tokens)
@@ -42,7 +85,7 @@ class TalkerRunner:
         self.end_codes = {config.tts_codec_pad_token_id, config.tts_codec_end_token_id}
         unusable = [c for c in range(codebook_size, config.vocab_size) if c not in self.end_codes]
         self.sampler: TokenSampler = sampler_factory(sorted({self.codec_bos, *unusable}))
-        self.cache = DynamicCache(config=config)
+        self.cache = None if static is not None else DynamicCache(config=config)
         self.rope_delta = 0
         self.length = 0
         self.last_code: int | None = None
@@ -62,12 +105,14 @@ class TalkerRunner:
         inputs = torch.cat([prompt_inputs, speaker_bos_embed, first_reply_input], dim=1).clone()
         inputs[:, -1] += self._codec_embed(self.codec_bos)[:, 0]
         inputs[:, -2] += self._codec_embed(self.codec_pad)[:, 0]
+        # rope positions on the CPU, where the prompt is: no host sync
         text_ids = torch.cat([
-            prompt_ids.to(self.device),
-            torch.tensor([[speaker_bos_id, first_reply_id]], dtype=torch.long, device=self.device),
+            prompt_ids.cpu(), torch.tensor([[speaker_bos_id, first_reply_id]], dtype=torch.long),
         ], dim=1)
         positions, deltas = self.talker.get_rope_index(
-            text_ids, None, None, torch.ones_like(text_ids), False, audio_lengths, None)
+            text_ids, None, None, torch.ones_like(text_ids), False,
+            None if audio_lengths is None else audio_lengths.cpu(), None)
+        positions = positions.to(self.device)
         self.rope_delta = int(deltas.reshape(-1)[0])
         prompt_len = prompt_ids.shape[1]
         self._history = torch.empty((1, prompt_len + 3 + self.max_codes), dtype=torch.long,
@@ -80,17 +125,26 @@ class TalkerRunner:
 
     def step(self, reply_input: torch.Tensor) -> int:
         """One decode step with reply element `reply_input` (1, 1, H); returns the next code."""
-        inputs = self._codec_embed(self.last_code) + reply_input
         position = self.length + self.rope_delta
+        if self.static is not None:
+            logits = self.static(self.last_code, reply_input, self.length, position)
+            self.length += 1
+            return self._next_code(logits)
+        inputs = self._codec_embed(self.last_code) + reply_input
         positions = torch.full((3, 1, 1), position, dtype=torch.long, device=self.device)
         return self._next_code(self._forward(inputs, positions))
 
     def _forward(self, inputs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         projected = self.talker.thinker_to_talker_proj(inputs)
-        out = self.talker.model(inputs_embeds=projected, position_ids=positions,
-                                past_key_values=self.cache, use_cache=True, return_dict=True)
+        if self.static is not None:
+            hidden = forward_with_static_cache(self.talker.model, self.static.cache, projected,
+                                               positions, start=self.length)
+        else:
+            hidden = self.talker.model(inputs_embeds=projected, position_ids=positions,
+                                       past_key_values=self.cache, use_cache=True,
+                                       return_dict=True).last_hidden_state
         self.length += inputs.shape[1]
-        return self.talker.codec_head(out.last_hidden_state[:, -1])
+        return self.talker.codec_head(hidden[:, -1])
 
     def _next_code(self, logits: torch.Tensor) -> int:
         history = self._history[:, :self._history_len] if self.sampler.needs_history else None
@@ -111,4 +165,5 @@ class TalkerRunner:
 
     def release(self) -> None:
         self.cache = None
+        self.static = None
         self._history = None

@@ -8,16 +8,26 @@ Positions are computed here and passed in explicitly, so the module's cached `ro
 
 Per fed token the talker needs the token's input embedding and the final (normed) hidden
 state, i.e. `hidden_states[0]` and `hidden_states[-1]` of `generate(output_hidden_states=True)`.
+
+The prompt's bookkeeping (rope positions, audio chunk tables, where the audio goes) is
+computed on the CPU, where the prompt already is: on a GPU the prefill then runs without a
+single host synchronisation. Decode steps use either transformers' DynamicCache or, on the
+fast path, a `ThinkerStaticStep` (a static KV cache, its step captured in CUDA graphs).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from transformers import DynamicCache
+from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as omni
 
+from .cuda_graphs import CapturedStep
+from .phases import PhaseClock
 from .prompt import Prompt
+from .static_cache import StaticKVCache, forward_with_static_cache
 
 
 @dataclass
@@ -27,42 +37,83 @@ class ThinkerOutput:
     logits: torch.Tensor   # (1, vocab) next-token logits after the last fed token
 
 
+class ThinkerStaticStep:
+    """One thinker decode step on a preallocated KV cache; on CUDA one captured graph per
+    attention window. Its outputs are static tensors, valid until the next step."""
+
+    def __init__(self, thinker, capacity: int, device: torch.device, cuda_graphs: bool) -> None:
+        self.thinker = thinker
+        self.cache = StaticKVCache(thinker.config.text_config, capacity, device,
+                                   thinker.lm_head.weight.dtype)
+        self.token = torch.zeros((1, 1), dtype=torch.long, device=device)
+        self.position = torch.zeros((3, 1, 1), dtype=torch.long, device=device)
+        self.graphs = {window: CapturedStep(partial(self._run, window))
+                       for window in self.cache.windows} if cuda_graphs else {}
+
+    def __call__(self, token: int, slot: int, position: int) -> ThinkerOutput:
+        """Feed `token` into KV slot `slot` at rope position `position`."""
+        self.token.fill_(token)
+        self.position.fill_(position)
+        self.cache.write_at.fill_(slot)
+        window = self.cache.window_for(slot + 1)
+        graph = self.graphs.get(window)
+        return ThinkerOutput(*(graph.replay() if graph is not None else self._run(window)))
+
+    def _run(self, window: int):
+        self.cache.window = window
+        embeds = self.thinker.get_input_embeddings()(self.token)
+        hidden = forward_with_static_cache(self.thinker.model, self.cache, embeds, self.position,
+                                           start=None)
+        return embeds, hidden, self.thinker.lm_head(hidden[:, -1])
+
+
 class ThinkerRunner:
-    def __init__(self, thinker, device: torch.device) -> None:
+    def __init__(self, thinker, device: torch.device, static: ThinkerStaticStep | None = None,
+                 clock: PhaseClock | None = None) -> None:
         self.thinker = thinker
         self.device = device
-        self.cache = DynamicCache(config=thinker.config.text_config)
+        self.static = static
+        self.clock = clock or PhaseClock(device)
+        self.cache = None if static is not None else DynamicCache(config=thinker.config.text_config)
         self.rope_delta = 0
         self.length = 0  # tokens in the KV cache
 
     def prefill(self, prompt: Prompt) -> ThinkerOutput:
         """Run the whole prompt. Embeddings at audio positions are zeroed in the output, as
         `Qwen2_5OmniForConditionalGeneration.generate` does before handing them to the talker."""
-        input_ids = prompt.input_ids.to(self.device)
-        embeds = self.thinker.get_input_embeddings()(input_ids)
+        input_ids = prompt.input_ids  # on the CPU
+        embeds = self.thinker.get_input_embeddings()(input_ids.to(self.device))
+        talker_embeds = embeds
         audio_lengths = None
-        audio_mask = None
         if prompt.input_features is not None:
-            feature_mask = prompt.feature_attention_mask.to(self.device)
-            audio_lengths = feature_mask.sum(dim=1)
-            features = self.thinker.get_audio_features(
-                prompt.input_features.to(self.device, embeds.dtype), feature_mask,
-                return_dict=True,
-            ).last_hidden_state.to(embeds.dtype)
-            _, _, audio_mask = self.thinker.get_placeholder_mask(input_ids, inputs_embeds=embeds)
-            embeds = embeds.masked_scatter(audio_mask, features)
+            audio_lengths = prompt.feature_attention_mask.sum(dim=1)
+            features = encode_audio(self.thinker.audio_tower, prompt.input_features,
+                                    prompt.feature_attention_mask, self.device, embeds.dtype)
+            where = (input_ids[0] == self.thinker.config.audio_token_id).nonzero().squeeze(1)
+            if where.numel() != features.shape[0]:
+                raise ValueError(f"{where.numel()} audio tokens in the prompt but "
+                                 f"{features.shape[0]} audio encoder outputs")
+            where = where.to(self.device)
+            # = masked_scatter / masked_fill over the audio positions, without their host sync
+            talker_embeds = embeds.index_fill(1, where, 0.0)
+            embeds = embeds.index_copy(1, where, features[None].to(embeds.dtype))
+            self.clock.mark("audio_encoded")
         positions, deltas = self.thinker.get_rope_index(
             input_ids, None, None, torch.ones_like(input_ids), False, audio_lengths, None)
         self.rope_delta = int(deltas.reshape(-1)[0])
-        hidden = self._forward(embeds, positions)
-        talker_embeds = embeds if audio_mask is None else embeds.masked_fill(audio_mask, 0.0)
+        hidden = self._forward(embeds, positions.to(self.device))
         return ThinkerOutput(talker_embeds, hidden, self.thinker.lm_head(hidden[:, -1]))
 
     def step(self, token_ids: list[int]) -> ThinkerOutput:
-        """Feed one (or a few teacher-forced) tokens after the prompt."""
+        """Feed one (or a few teacher-forced) tokens after the prompt. With a static step the
+        output tensors are only valid until the next step."""
+        start = self.length + self.rope_delta
+        if self.static is not None and len(token_ids) == 1:
+            out = self.static(token_ids[0], self.length, start)
+            self.length += 1
+            return out
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
         embeds = self.thinker.get_input_embeddings()(ids)
-        start = self.length + self.rope_delta
         positions = torch.arange(start, start + len(token_ids), device=self.device)
         hidden = self._forward(embeds, positions.view(1, 1, -1).expand(3, 1, -1))
         return ThinkerOutput(embeds, hidden, self.thinker.lm_head(hidden[:, -1]))
@@ -73,11 +124,37 @@ class ThinkerRunner:
         return self.thinker.get_input_embeddings()(ids)
 
     def _forward(self, embeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        out = self.thinker.model(
-            inputs_embeds=embeds, position_ids=positions, past_key_values=self.cache,
-            use_cache=True, return_dict=True)
+        if self.static is not None:
+            hidden = forward_with_static_cache(self.thinker.model, self.static.cache, embeds,
+                                               positions, start=self.length)
+        else:
+            hidden = self.thinker.model(
+                inputs_embeds=embeds, position_ids=positions, past_key_values=self.cache,
+                use_cache=True, return_dict=True).last_hidden_state
         self.length += embeds.shape[1]
-        return out.last_hidden_state
+        return hidden
 
     def release(self) -> None:
         self.cache = None
+        self.static = None
+
+
+def encode_audio(audio_tower, features: torch.Tensor, feature_mask: torch.Tensor,
+                 device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """(audio tokens, H): the audio encoder's output for every clip, as `get_audio_features`
+    computes it. Its bookkeeping (chunking and padding the mel, index tables) runs here on
+    the CPU tensors with transformers' own helpers and is handed to the encoder precomputed;
+    `cu_seqlens` stays on the CPU because the (non-flash) encoder attention splits by it on
+    the host once per layer."""
+    lengths = feature_mask.sum(dim=1)
+    flat = features.permute(0, 2, 1)[feature_mask.bool()].permute(1, 0)
+    padded, chunk_lengths = omni.chunk_and_pad_features(flat, lengths, audio_tower.n_window)
+    cu_seqlens = omni.get_audio_cu_seqlens(chunk_lengths)
+    if "flash" in str(audio_tower.config._attn_implementation):
+        cu_seqlens = cu_seqlens.to(device)
+    out = audio_tower(
+        feature_lens=lengths, padded_feature=padded.to(device, dtype),
+        chunk_lengths=chunk_lengths.to(device),
+        valid_indices=omni.get_valid_indices(chunk_lengths).to(device),
+        pool_indices=omni.get_pool_indices(lengths).to(device), cu_seqlens=cu_seqlens)
+    return out.last_hidden_state

@@ -17,18 +17,23 @@ around it; this is the sliding-window decoding Qwen designed the DiT for (their 
   back until the next chunk exists; using the look-ahead mel as right context emits the
   whole chunk at once, which takes 0.2 s off the time to first audio.)
 
-The ODE itself is `Qwen2_5OmniToken2WavDiTModel.sample`'s, with the model's own
-`RungeKutta4ODESolver` and modules, except that the initial noise is passed in.
+The first chunk may differ (`first_lookahead_blocks`, `first_ode_steps`): it is the one the
+listener waits for. The compute itself (the ODE, the vocoder, their CUDA graphs) is the
+engine-wide `Token2WavRunner`'s; this class only keeps one reply's codes, noise and seams.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
-from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
+
+from .phases import PhaseClock
+
+if TYPE_CHECKING:
+    from .token2wav_runner import Token2WavRunner
 
 
 class Cancelled(Exception):
@@ -45,37 +50,67 @@ class ChunkPlan:
     ode_steps: int = 10
     guidance_scale: float = 0.5
     sway_coefficient: float = -1.0
+    first_lookahead_blocks: int | None = None  # None: lookahead_blocks
+    first_ode_steps: int | None = None         # None: ode_steps
 
     def __post_init__(self) -> None:
         if self.first_chunk_blocks < 1 or self.chunk_blocks < 1:
             raise ValueError("chunks must be at least one block")
-        if self.lookahead_blocks < 0 or self.lookback_blocks < 0 or self.vocoder_context < 0:
+        if (self.lookahead_blocks < 0 or self.lookback_blocks < 0 or self.vocoder_context < 0
+                or (self.first_lookahead_blocks or 0) < 0):
             raise ValueError("look-ahead, look-back and vocoder context cannot be negative")
-        if self.ode_steps < 2:
+        if self.ode_steps < 2 or (self.first_ode_steps is not None and self.first_ode_steps < 2):
             raise ValueError("ode_steps must be at least 2")
+
+    def chunk_frames(self, chunk: int, block: int) -> int:
+        return (self.first_chunk_blocks if chunk == 0 else self.chunk_blocks) * block
+
+    def lookahead_frames(self, chunk: int, block: int) -> int:
+        first = self.first_lookahead_blocks
+        return (first if chunk == 0 and first is not None else self.lookahead_blocks) * block
+
+    def steps_for(self, chunk: int) -> int:
+        return self.first_ode_steps if chunk == 0 and self.first_ode_steps else self.ode_steps
+
+    def longest_window(self, block: int) -> int:
+        """Frames in the longest DiT window a reply can need (a final partial chunk included)."""
+        first = self.chunk_frames(0, block) + self.lookahead_frames(0, block)
+        later = (self.lookback_blocks * block + max(self.chunk_frames(0, block), self.chunk_frames(1, block))
+                 + max(self.lookahead_frames(0, block), self.lookahead_frames(1, block)))
+        return max(first, later)
+
+    def vocoder_lengths(self, block: int) -> list[int]:
+        """Vocoder input lengths (mel frames) of the first chunks, after which they repeat."""
+        lengths, left = [], 0
+        for chunk in range(3):
+            frames = self.chunk_frames(chunk, block)
+            right = min(self.vocoder_context, self.lookahead_frames(chunk, block))
+            lengths.append(left + frames + right)
+            left = min(self.vocoder_context, left + frames)
+        return sorted(set(lengths))
 
 
 class StreamingToken2Wav:
-    def __init__(self, token2wav, speaker: dict, plan: ChunkPlan, device: torch.device,
+    def __init__(self, runner: "Token2WavRunner", speaker: str, plan: ChunkPlan,
                  generator: torch.Generator | None,
-                 cancelled: Callable[[], bool] = lambda: False) -> None:
-        self.dit = token2wav.code2wav_dit_model
-        self.vocoder = token2wav.code2wav_bigvgan_model
+                 cancelled: Callable[[], bool] = lambda: False,
+                 clock: PhaseClock | None = None) -> None:
+        self.runner = runner
+        self.speaker = runner.speaker(speaker)
         self.plan = plan
-        self.device = device
+        self.device = runner.device
         self.generator = generator
         self.cancelled = cancelled
-        self.block = self.dit.block_size                    # mel frames per block
-        self.repeats = self.dit.repeats                     # mel frames per code
-        self.samples_per_frame = int(np.prod(self.vocoder.config.upsample_rates))
-        self.cond = speaker["cond"].to(device, torch.float32).reshape(1, -1)
-        self.ref_mel = speaker["ref_mel"].to(device, torch.float32).reshape(1, -1, self.dit.mel_dim)
+        self.clock = clock or PhaseClock(runner.device)
+        self.block = runner.block                     # mel frames per block
+        self.repeats = runner.repeats                 # mel frames per code
+        self.samples_per_frame = runner.samples_per_frame
         self.codes: list[int] = []
-        self.noise = torch.empty((1, 0, self.dit.mel_dim), dtype=torch.float32, device=device)
+        self.noise = torch.empty((1, 0, runner.mel_dim), dtype=torch.float32, device=self.device)
         self.next_frame = 0          # first mel frame not yet decoded
         self.chunks = 0
-        self.left_context = torch.empty((1, self.dit.mel_dim, 0), device=device)  # final mel
-        self._speaker_encoded: torch.Tensor | None = None
+        self.first_chunk_codes = 0   # codes there were when the first chunk was decoded
+        self.left_context = torch.empty((1, runner.mel_dim, 0), device=self.device)  # final mel
 
     @property
     def frames(self) -> int:
@@ -86,13 +121,13 @@ class StreamingToken2Wav:
 
     def ready(self) -> bool:
         """Enough codes for the next chunk and its look-ahead."""
-        end = self.next_frame + self._chunk_frames()
-        return self.frames >= end + self.plan.lookahead_blocks * self.block
+        end = self.next_frame + self.plan.chunk_frames(self.chunks, self.block)
+        return self.frames >= end + self.plan.lookahead_frames(self.chunks, self.block)
 
     def decode_chunk(self) -> np.ndarray:
         """The next chunk's audio (call when `ready()`)."""
-        end = self.next_frame + self._chunk_frames()
-        window_end = min(end + self.plan.lookahead_blocks * self.block, self.frames)
+        end = self.next_frame + self.plan.chunk_frames(self.chunks, self.block)
+        window_end = min(end + self.plan.lookahead_frames(self.chunks, self.block), self.frames)
         return self._decode(end, window_end)
 
     def flush(self) -> np.ndarray:
@@ -103,48 +138,36 @@ class StreamingToken2Wav:
 
     # ----------------------------------------------------------------- internals
 
-    def _chunk_frames(self) -> int:
-        blocks = self.plan.first_chunk_blocks if self.chunks == 0 else self.plan.chunk_blocks
-        return blocks * self.block
-
     def _decode(self, end: int, window_end: int) -> np.ndarray:
+        first = self.chunks == 0
+        if first:
+            self.clock.mark("first_codes")
+            self.first_chunk_codes = len(self.codes)
         start = self.next_frame
         window_start = max(start - self.plan.lookback_blocks * self.block, 0)
-        mel = self._sample(window_start, window_end)
+        mel = self._sample(window_start, window_end, self.plan.steps_for(self.chunks))
+        if first:
+            self.clock.mark("first_mel")
         chunk = mel[:, :, start - window_start:end - window_start]
         lookahead = mel[:, :, end - window_start:end - window_start + self.plan.vocoder_context]
         self.next_frame = end
         self.chunks += 1
-        return self._vocode(chunk, lookahead)
+        audio = self._vocode(chunk, lookahead)
+        if first:
+            self.clock.mark("first_wave")
+        return audio
 
-    def _sample(self, start: int, end: int) -> torch.Tensor:
+    def _sample(self, start: int, end: int, steps: int) -> torch.Tensor:
         """Mel (1, mel_dim, end - start) for frames [start, end) — `DiT.sample` with given noise."""
         self._grow_noise(end)
-        codes = torch.tensor([self.codes[start // self.repeats:end // self.repeats]],
-                             dtype=torch.long, device=self.device)
-        velocity = _WindowVelocity(self.dit, codes, self.cond, self._speaker_encoding(),
-                                   self.plan.guidance_scale, self.cancelled)
-        times = torch.linspace(0, 1, self.plan.ode_steps, device=self.device, dtype=torch.float32)
-        if self.plan.sway_coefficient is not None:
-            times += self.plan.sway_coefficient * (torch.cos(torch.pi / 2 * times) - 1 + times)
-        initial = self.noise[:, start:end]
-        trajectory = RungeKutta4ODESolver(function=velocity, initial_value=initial).integrate(times)
-        return trajectory[-1].permute(0, 2, 1)
-
-    def _speaker_encoding(self) -> torch.Tensor:
-        """The ECAPA encoding of the reference mel (and, for guidance, of silence): the DiT
-        recomputes it on every call although it never changes within a reply."""
-        if self._speaker_encoded is None:
-            reference = self.ref_mel
-            if self.plan.guidance_scale >= 1e-5:
-                reference = torch.cat([reference, torch.zeros_like(reference)], dim=0)
-            self._speaker_encoded = self.dit.input_embed.spk_encoder(reference)
-        return self._speaker_encoded
+        codes = self.codes[start // self.repeats:end // self.repeats]
+        return self.runner.sample(codes, self.noise[:, start:end], self.speaker, steps,
+                                  self.cancelled)
 
     def _vocode(self, chunk: torch.Tensor, lookahead: torch.Tensor) -> np.ndarray:
         """Audio of exactly the chunk's frames, vocoded with context on both sides."""
         left = self.left_context.shape[2]
-        wave = self.vocoder(torch.cat([self.left_context, chunk, lookahead], dim=2)).reshape(-1)
+        wave = self.runner.vocode(torch.cat([self.left_context, chunk, lookahead], dim=2))
         emitted = wave[left * self.samples_per_frame:(left + chunk.shape[2]) * self.samples_per_frame]
         if self.plan.vocoder_context:
             mel = torch.cat([self.left_context, chunk], dim=2)
@@ -154,50 +177,7 @@ class StreamingToken2Wav:
     def _grow_noise(self, frames: int) -> None:
         missing = frames - self.noise.shape[1]
         if missing > 0:
-            fresh = torch.randn((1, missing, self.dit.mel_dim), generator=self.generator,
+            fresh = torch.randn((1, missing, self.runner.mel_dim), generator=self.generator,
                                 dtype=torch.float32, device=self.generator.device
                                 if self.generator is not None else self.device)
             self.noise = torch.cat([self.noise, fresh.to(self.device)], dim=1)
-
-
-class _WindowVelocity:
-    """The ODE's right-hand side for one window: `Qwen2_5OmniToken2WavDiTModel.forward`
-    (with classifier-free guidance, as `sample` calls it), computed from the DiT's own
-    submodules in the same order, with everything that does not depend on the ODE state or
-    time (code embeddings, speaker encoding, rotary tables, block mask) computed once."""
-
-    def __init__(self, dit, codes: torch.Tensor, cond: torch.Tensor, speaker_encoding: torch.Tensor,
-                 guidance_scale: float, cancelled: Callable[[], bool]) -> None:
-        self.dit = dit
-        self.guidance = guidance_scale
-        self.cancelled = cancelled
-        self.cfg = guidance_scale >= 1e-5
-        frames = codes.shape[1] * dit.repeats
-        code_embed = dit.text_embed(codes, drop_code=False)
-        speaker = cond.unsqueeze(1).repeat(1, frames, 1)
-        if self.cfg:
-            code_embed = torch.cat([code_embed, dit.text_embed(codes, drop_code=True)], dim=0)
-            speaker = torch.cat([speaker, torch.zeros_like(speaker)], dim=0)
-        encoded = speaker_encoding.unsqueeze(1).repeat(1, frames, 1)
-        self.condition = (encoded, code_embed, speaker)
-        batch = code_embed.shape[0]
-        positions = torch.arange(frames, device=codes.device)[None, :].repeat(batch, 1)
-        self.rotary = dit.rotary_embed(code_embed, positions)
-        self.block_diff = dit._create_block_diff(code_embed)
-
-    def __call__(self, time_step: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        if self.cancelled():
-            raise Cancelled()
-        dit = self.dit
-        batch = 2 if self.cfg else 1
-        time_embedding = dit.time_embed(time_step.reshape(1).repeat(batch))
-        hidden = torch.cat([state, state], dim=0) if self.cfg else state
-        hidden = dit.input_embed.proj(torch.cat((hidden, *self.condition), dim=-1))
-        for block in dit.transformer_blocks:
-            hidden = block(hidden, time_embedding, position_embeddings=self.rotary,
-                           block_diff=self.block_diff)
-        output = dit.proj_out(dit.norm_out(hidden, time_embedding))
-        if not self.cfg:
-            return output
-        guided, unconditioned = torch.chunk(output, 2, dim=0)
-        return guided + (guided - unconditioned) * self.guidance

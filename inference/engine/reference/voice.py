@@ -17,20 +17,39 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .phases import PhaseClock
 from .prompt import Prompt
 from .sampling import SamplingParams, TokenSampler
-from .talker import TalkerRunner
+from .talker import TalkerRunner, TalkerStaticStep
+from .token2wav_runner import Token2WavRunner
 from .token2wav_stream import ChunkPlan, StreamingToken2Wav
+
+
+def codes_per_second(model) -> float:
+    """Talker codes per second of speech (50 for Qwen2.5-Omni: 2 mel frames of 240 samples)."""
+    dit = model.token2wav.code2wav_dit_model
+    samples_per_frame = math.prod(model.token2wav.code2wav_bigvgan_model.config.upsample_rates)
+    return 24_000 / (dit.repeats * samples_per_frame)
+
+
+def max_codes_for(model, seconds: float) -> int:
+    return max(1, int(seconds * codes_per_second(model)))
 
 
 class Voice:
     def __init__(self, model, speaker: str, prompt: Prompt, prompt_states: torch.Tensor,
-                 embed: Callable[[int], torch.Tensor], *, sampling: SamplingParams,
-                 chunk_plan: ChunkPlan, min_seconds: float, max_seconds: float,
-                 device: torch.device, generator: torch.Generator,
-                 cancelled: Callable[[], bool], on_audio: Callable[[np.ndarray], None]) -> None:
+                 embed: Callable[[int], torch.Tensor], *, token2wav: Token2WavRunner,
+                 sampling: SamplingParams, chunk_plan: ChunkPlan, min_seconds: float,
+                 max_seconds: float, device: torch.device, generator: torch.Generator,
+                 cancelled: Callable[[], bool], on_audio: Callable[[np.ndarray], None],
+                 talker_static: TalkerStaticStep | None = None,
+                 clock: PhaseClock | None = None) -> None:
         self.model = model
+        self.speaker_name = speaker
         self.speaker = model.speaker_map[speaker]
+        self.token2wav = token2wav
+        self.talker_static = talker_static
+        self.clock = clock or PhaseClock(device)
         self.prompt = prompt
         self.prompt_states = prompt_states  # (hidden + embedding) of every prompt token
         self.embed = embed
@@ -43,11 +62,8 @@ class Voice:
         config = model.talker.config
         self.text_eos = embed(config.tts_text_end_token_id)
         self.text_pad = embed(config.tts_text_pad_token_id)
-        dit = model.token2wav.code2wav_dit_model
-        samples_per_frame = math.prod(model.token2wav.code2wav_bigvgan_model.config.upsample_rates)
-        codes_per_second = 24_000 / (dit.repeats * samples_per_frame)
-        self.max_codes = max(1, int(max_seconds * codes_per_second))
-        self.min_codes = min(int(min_seconds * codes_per_second), self.max_codes)
+        self.max_codes = max_codes_for(model, max_seconds)
+        self.min_codes = min(int(min_seconds * codes_per_second(model)), self.max_codes)
         self.stream: deque[tuple[int | None, torch.Tensor]] = deque()
         self.open = True              # spoken text still coming
         self.talker: TalkerRunner | None = None
@@ -103,16 +119,18 @@ class Voice:
             self.model.talker, codebook_size=dit.config.num_embeds + 1,
             sampler_factory=lambda suppress: TokenSampler(
                 self.sampling, self.device, suppress_ids=suppress, generator=self.generator),
-            max_codes=self.max_codes, min_codes=self.min_codes, device=self.device)
+            max_codes=self.max_codes, min_codes=self.min_codes, device=self.device,
+            static=self.talker_static)
         audio_lengths = None
         if self.prompt.feature_attention_mask is not None:
-            audio_lengths = self.prompt.feature_attention_mask.sum(dim=1).to(self.device)
+            audio_lengths = self.prompt.feature_attention_mask.sum(dim=1)  # the talker wants it on the CPU
         bos_id = int(self.speaker["bos_token"])
         self.talker.start(self.prompt.input_ids, self.prompt_states, bos_id, self.embed(bos_id),
                           first_id, first_state, audio_lengths)
         self.prompt_states = None  # in the talker's KV cache now
-        self.audio = StreamingToken2Wav(self.model.token2wav, self.speaker, self.chunk_plan,
-                                        self.device, self.generator, self.cancelled)
+        self.clock.mark("talker_started")
+        self.audio = StreamingToken2Wav(self.token2wav, self.speaker_name, self.chunk_plan,
+                                        self.generator, self.cancelled, self.clock)
 
     def _after_code(self) -> None:
         code = self.talker.last_code
