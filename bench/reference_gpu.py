@@ -6,7 +6,14 @@ and runs N concurrent sessions per level, each with a few seconds of input audio
 
     python bench/reference_gpu.py                        # H200: sessions 1, 4, 16
     python bench/reference_gpu.py --sessions 1 --ode-steps 5 --first-chunk-blocks 1
+    python bench/reference_gpu.py --check --sessions 1,4 --variants default,eager
     python bench/reference_gpu.py --tiny --sessions 1,2  # CPU smoke check
+
+`--variants` runs several engine configurations over the one model (the first at every
+`--sessions` level, the others at the first level only): `default` is the engine's defaults
+on this device (the CUDA-graph fast path on a GPU), the others change a few options (see
+VARIANTS). `--check` first runs tiny-random in float32 on the GPU with and without the fast
+path and compares the replies (greedy talker): the CUDA-graph path must not change them.
 
 Sizes: the thinker and audio encoder are the 7B checkpoint's (transformers' defaults match
 it: hidden 3584, 28 layers, 28 heads / 4 KV heads, vocab 152064; audio encoder 32 layers,
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import platform
@@ -37,9 +45,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from inference.engine import AudioDelta, Finished, GenerationRequest, UserAudio, UserText  # noqa: E402
 from inference.engine.reference import ReferenceEngine  # noqa: E402
-from inference.engine.reference.loading import LoadedModel  # noqa: E402
+from inference.engine.reference.loading import LoadedModel, load_model  # noqa: E402
+from inference.engine.reference.sampling import TALKER_SAMPLING  # noqa: E402
 
 SPEAKER_REF_FRAMES = 300
+
+VARIANTS = {
+    "default": {},
+    "eager": dict(cuda_graphs=False, static_cache=False),
+    "steps5": dict(ode_steps=5),
+    "fast-first": dict(first_lookahead_blocks=0, first_ode_steps=3, ode_steps=5),
+    "fast-first-chunk1": dict(first_lookahead_blocks=0, first_ode_steps=3, ode_steps=5,
+                              chunk_blocks=1),
+}
+
+# Finished.timings entries on the path to the first audio, printed per level (medians)
+PHASES = ("prompt_s", "prefill_s", "audio_encoder_s", "talker_prefill_s", "first_chunk_decode_s",
+          "first_dit_s", "first_vocoder_s")
 
 REAL_TALKER = dict(
     vocab_size=8448, embedding_size=3584, hidden_size=896, intermediate_size=18944,
@@ -133,10 +155,17 @@ async def one_session(engine: ReferenceEngine, index: int, args) -> dict:
     first_audio = None
     first_packet_s = 0.0
     finished = None
+    played_until = None  # a listener playing each packet as soon as it arrives
+    stall = 0.0          # … hears this much silence after the first audio (underruns)
     async for delta in engine.generate(request):
-        if isinstance(delta, AudioDelta) and first_audio is None:
-            first_audio = time.monotonic() - started
-            first_packet_s = len(delta.audio) / 24_000
+        if isinstance(delta, AudioDelta):
+            now = time.monotonic()
+            if first_audio is None:
+                first_audio = now - started
+                first_packet_s = len(delta.audio) / 24_000
+                played_until = now
+            stall += max(now - played_until, 0.0)
+            played_until = max(played_until, now) + len(delta.audio) / 24_000
         elif isinstance(delta, Finished):
             finished = delta
     wall = time.monotonic() - started
@@ -145,6 +174,7 @@ async def one_session(engine: ReferenceEngine, index: int, args) -> dict:
     return {
         "first_audio_s": first_audio if first_audio is not None else float("nan"),
         "first_packet_s": first_packet_s,
+        "stall_s": stall,
         "audio_s": t.get("audio_s", 0.0),
         "rtf": wall / t["audio_s"] if t.get("audio_s") else float("nan"),
         "step_ms": 1000 * (t.get("decode_s", 0.0) - t.get("token2wav_s", 0.0)) / steps,
@@ -152,6 +182,8 @@ async def one_session(engine: ReferenceEngine, index: int, args) -> dict:
         "prefill_ms": 1000 * t.get("prefill_s", 0.0),
         "queue_wait_s": t.get("queue_wait_s", 0.0),
         "wall_s": wall,
+        "first_chunk_codes": t.get("first_chunk_codes", float("nan")),
+        **{name: t.get(name, float("nan")) for name in PHASES},
     }
 
 
@@ -166,24 +198,46 @@ async def run(args) -> None:
     device = torch.device(args.device if args.device != "auto"
                           else ("cuda" if torch.cuda.is_available() else "cpu"))
     levels = [int(n) for n in args.sessions.split(",")]
-    print(machine_info(device))
-    options = dict(device=str(device), max_concurrency=max(levels), ode_steps=args.ode_steps,
-                   first_chunk_blocks=args.first_chunk_blocks, chunk_blocks=args.chunk_blocks,
-                   lookahead_blocks=args.lookahead_blocks,
+    print(machine_info(device), flush=True)
+    if args.check:
+        await check_fast_path(device)
+    options = dict(device=str(device), max_concurrency=max(levels),
                    max_audio_seconds=args.audio_seconds, min_audio_seconds=args.audio_seconds,
                    max_new_tokens=args.max_tokens, seed=0)
+    for option in ("ode_steps", "first_chunk_blocks", "chunk_blocks", "lookahead_blocks"):
+        if getattr(args, option) is not None:  # otherwise the engine's default
+            options[option] = getattr(args, option)
     if args.tiny:
-        engine = ReferenceEngine("tiny-random", **options)
-        await engine.start()
+        name = "tiny-random"
+        loaded = await asyncio.to_thread(load_model, name, device, torch.float32)
     else:
-        engine = ReferenceEngine("random-7b-shaped", dtype=args.dtype, **options)
-        loaded = await asyncio.to_thread(build_7b_shaped, device, engine.dtype)
-        await engine.start_with_model(loaded)
+        name = "random-7b-shaped"
+        from inference.engine.reference.loading import resolve_dtype
+
+        loaded = await asyncio.to_thread(build_7b_shaped, device, resolve_dtype(args.dtype, device))
     print(f"options: {options}  input audio {args.input_seconds} s  "
-          f"(speech per reply fixed at {args.audio_seconds} s)")
+          f"(speech per reply fixed at {args.audio_seconds} s)", flush=True)
+    for index, variant in enumerate(args.variants.split(",")):
+        variant_levels = levels if index == 0 else levels[:1]
+        try:
+            await run_variant(name, loaded, variant,
+                              {**options, "max_concurrency": max(variant_levels)}, variant_levels, args)
+        except Exception as error:  # report and go on with the next variant
+            logging.exception("variant %s failed: %s", variant, error)
+
+
+async def run_variant(name: str, loaded: LoadedModel, variant: str, options: dict,
+                      levels: list[int], args) -> None:
+    overrides = VARIANTS[variant]
+    engine = ReferenceEngine(name, dtype=str(loaded.dtype).removeprefix("torch."),
+                             **{**options, **overrides})
+    started = time.monotonic()
+    await engine.start_with_model(loaded)
+    print(f"\n== variant {variant} {overrides}  started in {time.monotonic() - started:.1f} s  "
+          f"fast path {engine.fast_path}", flush=True)
     await one_session(engine, 999, args)  # untimed extra warm-up
-    header = (f"{'sessions':>8} {'ttfa p50':>9} {'ttfa p95':>9} {'1st pkt':>8} {'RTF p50':>8} "
-              f"{'RTF p95':>8} {'step ms':>8} {'t2w s':>7} {'prefill':>8} {'queue':>6}")
+    header = (f"{'sessions':>8} {'ttfa p50':>9} {'ttfa p95':>9} {'1st pkt':>8} {'stall':>6} "
+              f"{'RTF p50':>8} {'RTF p95':>8} {'step ms':>8} {'t2w s':>7} {'prefill':>8} {'queue':>6}")
     print(header)
     for n in levels:
         results: list[dict] = []
@@ -191,16 +245,56 @@ async def run(args) -> None:
             results += await asyncio.gather(*(one_session(engine, repeat * 100 + i, args)
                                               for i in range(n)))
         col = lambda key: [r[key] for r in results]  # noqa: E731
+        med = lambda key: statistics.median(col(key))  # noqa: E731
         print(f"{n:>8} {pct(col('first_audio_s'), 50):>8.3f}s {pct(col('first_audio_s'), 95):>8.3f}s "
-              f"{statistics.median(col('first_packet_s')):>7.2f}s {pct(col('rtf'), 50):>8.3f} "
-              f"{pct(col('rtf'), 95):>8.3f} {statistics.median(col('step_ms')):>8.1f} "
-              f"{statistics.median(col('token2wav_s')):>7.2f} "
-              f"{statistics.median(col('prefill_ms')):>6.1f}ms "
+              f"{med('first_packet_s'):>7.2f}s {med('stall_s'):>5.2f}s {pct(col('rtf'), 50):>8.3f} "
+              f"{pct(col('rtf'), 95):>8.3f} {med('step_ms'):>8.1f} "
+              f"{med('token2wav_s'):>7.2f} {med('prefill_ms'):>6.1f}ms "
               f"{pct(col('queue_wait_s'), 95):>5.2f}s", flush=True)
-    print("ttfa: request → first audio delta; 1st pkt: its length; RTF: wall time / audio "
+        print("         first audio, phase by phase (medians, ms): "
+              + "  ".join(f"{key.removesuffix('_s')} {1000 * med(key):.1f}" for key in PHASES)
+              + f"  codes before the 1st chunk {med('first_chunk_codes'):.0f}", flush=True)
+    print("ttfa: request → first audio delta; 1st pkt: its length; stall: silence a listener "
+          "playing packets on arrival hears after the first (median); RTF: wall time / audio "
           "seconds (<1 is faster than real time); step ms: one thinker + talker step, "
-          "token2wav excluded; t2w s: token2wav time per reply")
+          "token2wav excluded; t2w s: token2wav time per reply; phases: GPU time between "
+          "CUDA events (prefill = audio encoder + thinker prefill; talker_prefill includes the "
+          "first thinker step; first_chunk_decode = decode steps until the first chunk's codes)")
     await engine.close()
+
+
+async def check_fast_path(device: torch.device) -> None:
+    """tiny-random, float32, greedy talker: the fast path's replies equal the eager path's."""
+    if device.type != "cuda":
+        print("check: needs a cuda device; skipped")
+        return
+    loaded = await asyncio.to_thread(load_model, "tiny-random", device, torch.float32)
+    greedy = dataclasses.replace(TALKER_SAMPLING, do_sample=False)
+    replies = {}
+    for variant in ("eager", "default"):
+        engine = ReferenceEngine("tiny-random", device=str(device), dtype="float32", seed=7,
+                                 max_audio_seconds=3.0, min_audio_seconds=2.0, max_new_tokens=40,
+                                 warmup=False, **VARIANTS[variant])
+        engine.settings = dataclasses.replace(engine.settings, talker_sampling=greedy)
+        await engine.start_with_model(loaded)
+        rng = np.random.default_rng(1)
+        request = GenerationRequest(
+            request_id="check", instructions="Answer briefly.", modalities=("audio",),
+            context=[UserAudio(rng.normal(0, 0.1, 16_000).astype(np.float32)), UserText("Hi")],
+            max_output_tokens=30)
+        deltas = [delta async for delta in engine.generate(request)]
+        text = "".join(getattr(d, "text", "") for d in deltas)
+        audio = np.concatenate([d.audio for d in deltas if isinstance(d, AudioDelta)])
+        replies[variant] = (text, audio, deltas[-1])
+        print(f"check {variant}: fast path {engine.fast_path}  audio {len(audio) / 24_000:.2f} s  "
+              f"static_decode {deltas[-1].timings.get('static_decode')}", flush=True)
+        await engine.close()
+    (text, audio, eager), (fast_text, fast_audio, fast) = replies["eager"], replies["default"]
+    same = text == fast_text and eager.output_audio_tokens == fast.output_audio_tokens
+    diff = float(np.abs(audio - fast_audio).max()) if len(audio) == len(fast_audio) else float("inf")
+    print(f"CHECK {'PASS' if same and diff < 1e-3 else 'FAIL'}: text equal {text == fast_text}, "
+          f"audio tokens {eager.output_audio_tokens} vs {fast.output_audio_tokens}, "
+          f"max |audio diff| {diff:.2e}", flush=True)
 
 
 def main() -> None:
@@ -211,12 +305,16 @@ def main() -> None:
     parser.add_argument("--input-seconds", type=float, default=3.0)
     parser.add_argument("--audio-seconds", type=float, default=4.0, help="speech per reply")
     parser.add_argument("--max-tokens", type=int, default=40, help="thinker tokens per reply")
-    parser.add_argument("--ode-steps", type=int, default=10)
-    parser.add_argument("--first-chunk-blocks", type=int, default=1)
-    parser.add_argument("--chunk-blocks", type=int, default=2)
-    parser.add_argument("--lookahead-blocks", type=int, default=1)
+    parser.add_argument("--ode-steps", type=int, default=None, help="default: the engine's")
+    parser.add_argument("--first-chunk-blocks", type=int, default=None)
+    parser.add_argument("--chunk-blocks", type=int, default=None)
+    parser.add_argument("--lookahead-blocks", type=int, default=None)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--variants", default="default",
+                        help=f"engine configurations, comma-separated: {', '.join(VARIANTS)}")
+    parser.add_argument("--check", action="store_true",
+                        help="first compare the fast path with the eager path on tiny-random")
     args = parser.parse_args()
     if args.sessions is None:
         args.sessions = "1,2" if args.tiny else "1,4,16"
