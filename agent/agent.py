@@ -13,10 +13,15 @@ LiveKit Cloud. Settings come from the environment: see agent/config.py and docs/
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+
+# onnxruntime (silero VAD) sends usage telemetry to Microsoft from Linux too since 1.29, unless
+# this is set before it starts; job processes inherit it. Nothing in the agent may call out.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 if __package__ in (None, ""):
     # Run as a script: import our packages (agent, provider) from the repository root, and

@@ -32,6 +32,9 @@ fi
 # Everything on 127.0.0.1: signalling on PORT, WebRTC media over one UDP port (muxed)
 # with TCP as fallback. The loopback candidate lets clients on this machine connect
 # without any external IP discovery (which would try to reach the internet).
+# stun_servers: the STUN server the server hands to its clients. Left empty, it hands out
+# public ones (global.stun.twilio.com, stun.l.google.com) and every client, the agent
+# included, looks them up and tries to reach them. Loopback needs no STUN at all.
 CONFIG="
 port: $PORT
 bind_addresses: [127.0.0.1]
@@ -41,6 +44,7 @@ rtc:
   use_external_ip: false
   node_ip: 127.0.0.1
   enable_loopback_candidate: true
+  stun_servers: [127.0.0.1:$RTC_UDP_PORT]
 logging:
   level: info
 "
