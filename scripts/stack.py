@@ -251,14 +251,19 @@ def omni_worker(port: int, *, model: str = "tiny-random", engine: str = "referen
 
 
 def voice_agent(*, livekit_url: str, omni_url: str, omni_api_key: str | None = None, mode: str = "dev",
-                env: dict[str, str] | None = None) -> Service:
+                env: dict[str, str] | None = None, connect_log: Path | None = None) -> Service:
+    """`connect_log`: run it under strace and log every connect() of the agent and its job
+    processes there (the end-to-end tests check that nothing reaches outside this machine)."""
     agent_env = {"LIVEKIT_URL": livekit_url, "LIVEKIT_API_KEY": DEV_API_KEY,
                  "LIVEKIT_API_SECRET": DEV_API_SECRET, "OMNI_URL": omni_url, **(env or {})}
     if omni_api_key:
         agent_env["OMNI_API_KEY"] = omni_api_key
+    trace = []
+    if connect_log:
+        trace = ["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=connect", "-o", str(connect_log)]
     return Service(
         name="agent",
-        argv=[sys.executable, str(REPO / "agent" / "agent.py"), mode],
+        argv=[*trace, sys.executable, str(REPO / "agent" / "agent.py"), mode],
         env=agent_env,
         ready_log=r"registered worker",
         ready_timeout_s=120.0,

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
+import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -42,6 +44,7 @@ class LocalStack:
     worker_http: str
     log_dir: Path
     processes: dict[str, Process]
+    agent_connect_log: Path | None = None  # every connect() the agent made, when strace works
 
     def worker_metric(self, name: str, **labels: str) -> float:
         """A counter or gauge from the worker's /metrics (0 when the series does not exist yet)."""
@@ -65,6 +68,15 @@ class LocalStack:
         return current
 
 
+def strace_works() -> bool:
+    """strace needs ptrace, which some containers forbid."""
+    if shutil.which("strace") is None:
+        return False
+    probe = subprocess.run(["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=connect", "-o", os.devnull, "true"],
+                           capture_output=True)
+    return probe.returncode == 0
+
+
 def require_livekit_server() -> None:
     if find_livekit_server() is None:
         pytest.skip("no LiveKit server binary: run scripts/install-livekit-server.sh "
@@ -80,14 +92,15 @@ def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack
         return
     require_livekit_server()
     livekit_url = f"ws://127.0.0.1:{LIVEKIT_PORT}"
+    connect_log = log_dir / "agent-connects.strace" if strace_works() else None
     stack = Stack(echo=None, log_dir=log_dir, say=lambda msg: print(f"[e2e stack] {msg}"))
     try:
         stack.start(livekit_server(LIVEKIT_PORT, LIVEKIT_PORT + 1, LIVEKIT_PORT + 2))
         stack.start(omni_worker(WORKER_PORT, extra_args=TINY_RANDOM_REPLY))
-        stack.start(voice_agent(livekit_url=livekit_url,
-                                omni_url=f"ws://127.0.0.1:{WORKER_PORT}/v1/realtime"))
+        stack.start(voice_agent(livekit_url=livekit_url, omni_url=f"ws://127.0.0.1:{WORKER_PORT}/v1/realtime",
+                                connect_log=connect_log))
         yield LocalStack(livekit_url=livekit_url, worker_http=f"http://127.0.0.1:{WORKER_PORT}",
-                         log_dir=log_dir, processes=stack.processes)
+                         log_dir=log_dir, processes=stack.processes, agent_connect_log=connect_log)
     finally:
         stack.stop()
         print(f"[e2e stack] logs in {log_dir}")
