@@ -24,9 +24,11 @@ from inference.engine import (
 )
 from inference.engine.reference import static_cache as static_cache_module
 from inference.engine.reference import talker as talker_module
+from inference.engine.reference import thinker as thinker_module
+from inference.engine.reference import token2wav_runner as token2wav_runner_module
 from inference.engine.reference.detokenize import IncrementalDecoder
 from inference.engine.reference.prompt import build_messages, build_prompt
-from inference.engine.reference.sampling import TALKER_SAMPLING
+from inference.engine.reference.sampling import TALKER_SAMPLING, TokenSampler
 from inference.engine.reference.tiny import build_tiny_model, ensure_tiny_model
 from inference.engine.reference.token2wav_runner import Token2WavRunner
 from inference.engine.reference.token2wav_stream import ChunkPlan, StreamingToken2Wav
@@ -74,19 +76,42 @@ async def engine(cache_dir):
     await engine.close()
 
 
+class EagerGraph:
+    """Stands in for a captured CUDA graph on the CPU: replaying runs the captured function."""
+
+    def __init__(self, function) -> None:
+        self.function = function
+
+    def replay(self):
+        return self.function()
+
+
+GRAPH_USERS = (static_cache_module, thinker_module, talker_module, token2wav_runner_module)
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def static_engine(engine):
-    """The fast path's static KV caches, run eagerly on the CPU, with attention windows small
-    enough that decoding crosses from one window to the next (prompts are ~160 tokens)."""
+    """The GPU fast path's logic on the CPU: static KV caches, prefill padded to length
+    buckets, sampling inside the talker step, padded DiT windows, with every "graph" replayed
+    eagerly (EagerGraph). Attention windows are small enough that decoding crosses from one
+    to the next (prompts are ~160 tokens); the talker samples greedily."""
     smallest = static_cache_module.SMALLEST_WINDOW
     static_cache_module.SMALLEST_WINDOW = 41  # windows 41, 82, 164, 328, 400
+    captured = [module.CapturedStep for module in GRAPH_USERS]
+    for module in GRAPH_USERS:
+        module.CapturedStep = EagerGraph
     try:
         static = create_engine("reference", "tiny-random", seed=7, max_audio_seconds=2.0,
                                min_audio_seconds=1.0, ode_steps=4, max_new_tokens=64,
                                static_cache=True, static_cache_tokens=400, warmup=False)
+        static.cuda_graphs = True  # the engine refuses this on a CPU; the stand-in allows it
+        static.settings = dataclasses.replace(
+            static.settings, talker_sampling=dataclasses.replace(TALKER_SAMPLING, do_sample=False))
         await static.start_with_model(engine.loaded)
     finally:
         static_cache_module.SMALLEST_WINDOW = smallest
+        for module, original in zip(GRAPH_USERS, captured):
+            module.CapturedStep = original
     yield static
     static.loaded = None  # the model belongs to `engine`
     await static.close()
@@ -441,30 +466,43 @@ def test_chunked_vocoding_equals_one_shot_vocoding(engine):
 # --------------------------------------------------------------------------- fast path
 
 @asyncio_module
-async def test_static_cache_matches_the_dynamic_cache(engine, static_engine, monkeypatch):
-    """The static KV caches (here eager, on the CPU; on a GPU their steps are CUDA graphs)
-    give the same text, codes and audio as transformers' DynamicCache, across window sizes."""
+async def test_fast_path_matches_the_eager_path(engine, static_engine, monkeypatch):
+    """The fast path (static KV caches, padded prefill, on-device sampling, padded DiT windows;
+    here replayed eagerly on the CPU) gives the eager path's text, codes and audio."""
     greedy = dataclasses.replace(TALKER_SAMPLING, do_sample=False)
-    for each in (engine, static_engine):
-        monkeypatch.setattr(each, "settings", dataclasses.replace(each.settings, talker_sampling=greedy))
+    monkeypatch.setattr(engine, "settings", dataclasses.replace(engine.settings, talker_sampling=greedy))
     codes: list[int] = []
-    original = talker_module.TalkerRunner._next_code
+    original = talker_module.TalkerRunner._record
 
-    def record(self, logits):
-        codes.append(original(self, logits))
-        return codes[-1]
+    def record(self, code):
+        codes.append(code)
+        return original(self, code)
 
-    monkeypatch.setattr(talker_module.TalkerRunner, "_next_code", record)
+    monkeypatch.setattr(talker_module.TalkerRunner, "_record", record)
     results = []
     for each in (engine, static_engine):
         codes.clear()
         deltas = await collect(each, request(max_output_tokens=20))
         text = "".join(d.text for d in deltas if isinstance(d, TextDelta))
         results.append((text, list(codes), audio_of(deltas), deltas[-1]))
-    (text, dynamic_codes, audio, finished), (static_text, static_codes, static_audio, static_finished) = results
-    assert finished.timings["static_decode"] == 0 and static_finished.timings["static_decode"] == 1
-    assert static_text == text and static_codes == dynamic_codes and len(dynamic_codes) > 50
-    np.testing.assert_allclose(static_audio, audio, atol=1e-5)
+    (text, eager_codes, audio, finished), (fast_text, fast_codes, fast_audio, fast) = results
+    assert finished.timings["static_decode"] == 0 and fast.timings["static_decode"] == 1
+    assert fast_text == text and fast_codes == eager_codes and len(eager_codes) > 50
+    np.testing.assert_allclose(fast_audio, audio, atol=1e-5)
+
+
+def test_sampling_on_the_device_draws_what_multinomial_draws():
+    """The talker's step samples as argmax(probs / exponential noise): with noise from the
+    same generator state this is torch.multinomial's own draw, token for token."""
+    for seed in range(50):
+        logits = torch.randn(1, 300, generator=torch.Generator().manual_seed(seed)) * 3
+        history = torch.randint(0, 300, (1, 40), generator=torch.Generator().manual_seed(seed + 99))
+        eager, on_device = (TokenSampler(TALKER_SAMPLING, torch.device("cpu"), suppress_ids=[5, 6],
+                                         generator=torch.Generator().manual_seed(seed))
+                            for _ in range(2))
+        noise = torch.empty(1, 300)
+        on_device.draw_noise(noise)
+        assert int(on_device.sample_on_device(logits, history, noise)) == eager(logits, history)
 
 
 @asyncio_module

@@ -33,6 +33,13 @@ logger = logging.getLogger(__name__)
 
 _DONE = object()
 
+# Chunk-plan defaults. On a CPU: what the offline model does (10 ODE steps, look-ahead for
+# every chunk). On a GPU, latency first: the first chunk (0.24 s) is decoded from its own 12
+# codes with 3 ODE steps, later chunks of 0.24 s with 5. Fewer steps and no look-ahead make
+# rougher audio; see docs/reference-engine.md for what this costs and saves.
+CPU_STREAMING = dict(ode_steps=10, chunk_blocks=2, first_lookahead_blocks=None, first_ode_steps=None)
+GPU_STREAMING = dict(ode_steps=5, chunk_blocks=1, first_lookahead_blocks=0, first_ode_steps=3)
+
 
 class ReferenceEngine(OmniEngine):
     """Qwen2.5-Omni in torch with transformers' classes, streamed step by step.
@@ -50,20 +57,21 @@ class ReferenceEngine(OmniEngine):
         (generate's `talker_min_new_tokens`; default 0). Tests use it: a random talker may
         end after a few codes.
       max_tool_argument_tokens: length budget of a forced tool call's arguments (default 256).
-      ode_steps: token2wav DiT ODE steps per chunk (default 10, as in transformers; fewer is
-        faster and rougher).
+      ode_steps: token2wav DiT ODE steps per chunk (default 10 on cpu, as in transformers;
+        5 on cuda; fewer is faster and rougher).
       first_chunk_blocks, chunk_blocks: audio chunk sizes in DiT blocks of 24 mel frames
         (0.24 s, 12 talker codes); the first chunk is small so audio starts early (defaults
-        1 and 2).
+        1, and 2 on cpu / 1 on cuda).
       lookahead_blocks, lookback_blocks: DiT context around each chunk (defaults 1 and 2).
       first_lookahead_blocks, first_ode_steps: the same for the first chunk only (default:
-        as the others). The first chunk waits for (first_chunk_blocks + first_lookahead_blocks)
-        × 12 codes, one decode step each, so these set most of the time to first audio.
-      static_cache: decode with preallocated KV caches, one set per concurrent generation
-        (default: on with cuda_graphs). Works on the CPU too (tests compare it with the
-        default DynamicCache path).
-      cuda_graphs: capture the thinker and talker decode steps, the token2wav ODE and the
-        vocoder in CUDA graphs at start-up (default True on cuda; cuda only).
+        as the others on cpu; 0 and 3 on cuda). The first chunk waits for
+        (first_chunk_blocks + first_lookahead_blocks) × 12 codes, one decode step each, so
+        these set most of the time to first audio.
+      static_cache: prefill and decode into preallocated KV caches, one set per concurrent
+        generation (default: on with cuda_graphs). Works on the CPU too.
+      cuda_graphs: capture in CUDA graphs at start-up: the thinker's and talker's prefill
+        (per prompt-length bucket up to 2048 tokens) and decode step (the talker's with its
+        sampling), the token2wav ODE and the vocoder (default True on cuda; cuda only).
       static_cache_tokens: thinker context the static caches hold (default 4096); a prompt
         plus reply that may not fit is decoded eagerly instead.
       seed: fixes all sampling and token2wav noise (default None: random per reply).
@@ -89,9 +97,10 @@ class ReferenceEngine(OmniEngine):
                  max_concurrency: int | None = None, max_new_tokens: int = 512,
                  max_audio_seconds: float = 60.0, min_audio_seconds: float = 0.0,
                  max_tool_argument_tokens: int = 256,
-                 ode_steps: int = 10, first_chunk_blocks: int = 1, chunk_blocks: int = 2,
-                 lookahead_blocks: int = 1, lookback_blocks: int = 2,
-                 first_lookahead_blocks: int | None = None, first_ode_steps: int | None = None,
+                 ode_steps: int | None = None, first_chunk_blocks: int = 1,
+                 chunk_blocks: int | None = None, lookahead_blocks: int = 1,
+                 lookback_blocks: int = 2, first_lookahead_blocks: int | None = None,
+                 first_ode_steps: int | None = None,
                  static_cache: bool | None = None, cuda_graphs: bool | None = None,
                  static_cache_tokens: int = 4096, seed: int | None = None,
                  torch_threads: int | None = None, warmup: bool = True) -> None:
@@ -116,6 +125,13 @@ class ReferenceEngine(OmniEngine):
         if max_concurrency < 1 or max_new_tokens < 1 or max_audio_seconds <= 0:
             raise ValueError("max_concurrency, max_new_tokens and max_audio_seconds must be positive")
         self.max_concurrency = max_concurrency
+        streaming = GPU_STREAMING if self.device.type == "cuda" else CPU_STREAMING
+        ode_steps = streaming["ode_steps"] if ode_steps is None else ode_steps
+        chunk_blocks = streaming["chunk_blocks"] if chunk_blocks is None else chunk_blocks
+        if first_lookahead_blocks is None:
+            first_lookahead_blocks = streaming["first_lookahead_blocks"]
+        if first_ode_steps is None:
+            first_ode_steps = streaming["first_ode_steps"]
         self.settings = GenerationSettings(
             max_new_tokens=max_new_tokens, max_audio_seconds=max_audio_seconds,
             min_audio_seconds=min_audio_seconds,
@@ -178,8 +194,8 @@ class ReferenceEngine(OmniEngine):
         if self.static_cache:
             self.slots = await asyncio.to_thread(
                 DecodeSlots, model, self.max_concurrency, self.static_cache_tokens,
-                max_codes_for(model, self.settings.max_audio_seconds), self.device,
-                self.cuda_graphs)
+                max_codes_for(model, self.settings.max_audio_seconds),
+                self.settings.talker_sampling, self.device, self.cuda_graphs)
         self._slots = asyncio.Semaphore(self.max_concurrency)
         if self.warmup:
             await self._warm_up()

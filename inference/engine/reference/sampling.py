@@ -73,3 +73,20 @@ class TokenSampler:
             return int(scores.argmax(dim=-1))
         probs = torch.softmax(scores, dim=-1)
         return int(torch.multinomial(probs, 1, generator=self.generator))
+
+    def draw_noise(self, out: torch.Tensor) -> None:
+        """Fill `out` (1, vocab) with the exponential draws `sample_on_device` needs."""
+        out.exponential_(1, generator=self.generator)
+
+    def sample_on_device(self, logits: torch.Tensor, history: torch.Tensor | None,
+                         noise: torch.Tensor) -> torch.Tensor:
+        """The same choice as `__call__`, as a (1, 1) tensor, with no host synchronisation (so it
+        can run inside a CUDA graph). Sampling uses `noise` from `draw_noise`: torch.multinomial
+        draws one sample as argmax(probs / q) with q ~ Exp(1) drawn from its generator, so with
+        noise drawn from the same generator state the result is the same token."""
+        scores = logits.float()
+        if self.processors:
+            scores = self.processors(history, scores)
+        if not self.params.do_sample:
+            return scores.argmax(dim=-1, keepdim=True)
+        return (torch.softmax(scores, dim=-1) / noise).argmax(dim=-1, keepdim=True)

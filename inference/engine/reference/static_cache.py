@@ -11,11 +11,18 @@ length, so the window is chosen per step from a few sizes (`windows`), each with
 graph: a step at length 300 reads 512 slots, not the full capacity.
 
 Same math as the dynamic cache: masked slots get exactly zero attention weight.
+
+`StaticPrefill` runs a prompt into such a cache, on CUDA from graphs captured per length
+bucket (eager prefill of a 7B model is bound by kernel launches too).
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
+
+from .cuda_graphs import CapturedStep
 
 SMALLEST_WINDOW = 512
 
@@ -86,3 +93,48 @@ def _window_sizes(capacity: int) -> list[int]:
         sizes.append(size)
         size *= 2
     return sizes + [capacity]
+
+
+# Prompt lengths a prefill graph is captured for; longer prompts are prefilled eagerly.
+PREFILL_BUCKETS = (128, 256, 384, 512, 768, 1024, 1536, 2048)
+
+
+class StaticPrefill:
+    """A prompt's forward through a text model into a static cache (from slot 0); on CUDA
+    replayed from a graph captured per length bucket, the prompt padded to the bucket.
+
+    The padding comes after the prompt, so causal attention keeps it out of the prompt's
+    hidden states; the KV slots it fills lie past the prompt, where each decode step writes
+    its own keys before any query may see that slot. `project` maps the inputs to the model's
+    width first (the talker's `thinker_to_talker_proj`)."""
+
+    def __init__(self, text_model, cache: StaticKVCache, width: int, dtype: torch.dtype,
+                 device: torch.device, cuda_graphs: bool, project=None) -> None:
+        self.text_model = text_model
+        self.cache = cache
+        self.project = project
+        buckets = [size for size in PREFILL_BUCKETS if size <= cache.capacity] if cuda_graphs else []
+        longest = max(buckets, default=0)
+        self.inputs = torch.zeros((1, longest, width), dtype=dtype, device=device)
+        self.positions = torch.zeros((3, 1, longest), dtype=torch.long, device=device)
+        self.graphs = {size: CapturedStep(partial(self._run, size)) for size in buckets}
+
+    def __call__(self, inputs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Final hidden states (1, n, H) of `inputs` (1, n, width) at rope `positions` (3, 1, n);
+        from a graph they are a view of its static output, valid until the next prefill."""
+        length = inputs.shape[1]
+        bucket = next((size for size in self.graphs if size >= length), None)
+        if bucket is None:
+            projected = self.project(inputs) if self.project is not None else inputs
+            return forward_with_static_cache(self.text_model, self.cache, projected, positions, start=0)
+        self.inputs[:, :length] = inputs
+        self.positions[:, :, :length] = positions
+        self.cache.write_at.fill_(0)
+        return self.graphs[bucket].replay()[:, :length]
+
+    def _run(self, bucket: int) -> torch.Tensor:
+        self.cache.window = self.cache.window_for(bucket)
+        inputs = self.inputs[:, :bucket]
+        projected = self.project(inputs) if self.project is not None else inputs
+        return forward_with_static_cache(self.text_model, self.cache, projected,
+                                         self.positions[:, :, :bucket], start=None)

@@ -19,8 +19,9 @@ but incrementally:
 One deliberate difference: codes the token2wav cannot embed (beyond its codebook, other than
 the end codes) are suppressed too; generate would crash in token2wav on them.
 
-Decode steps use transformers' DynamicCache or, on the fast path, a `TalkerStaticStep` (a
-static KV cache, its step captured in CUDA graphs; see static_cache.py).
+The prefill and decode steps use transformers' DynamicCache or, on the fast path, a
+`TalkerStaticStep` (a static KV cache; on CUDA the prefill and the step, sampling included,
+are replayed from CUDA graphs; see static_cache.py).
 """
 
 from __future__ import annotations
@@ -32,27 +33,56 @@ from transformers import DynamicCache
 
 from .cuda_graphs import CapturedStep
 from .sampling import TokenSampler
-from .static_cache import StaticKVCache, forward_with_static_cache
+from .static_cache import StaticKVCache, StaticPrefill, forward_with_static_cache
+
+
+def suppressed_codes(config, codebook_size: int) -> list[int]:
+    """Codes the talker must never sample: codec bos, and codes token2wav cannot embed
+    (beyond its codebook) other than the end codes."""
+    end_codes = {config.tts_codec_pad_token_id, config.tts_codec_end_token_id}
+    unusable = [c for c in range(codebook_size, config.vocab_size) if c not in end_codes]
+    return sorted({config.tts_codec_start_token_id, *unusable})
 
 
 class TalkerStaticStep:
-    """One talker decode step (codec embedding of the last code + reply element → logits) on
-    a preallocated KV cache; on CUDA one captured graph per attention window. The logits are
-    a static tensor, valid until the next step."""
+    """The talker on a preallocated KV cache, for one generation at a time: its prefill
+    (`StaticPrefill`) and one decode step (codec embedding of the last code + reply element
+    → logits), on CUDA one captured graph per attention window.
+
+    With a `sampler` the step also chooses the next code on the device (`sample_on_device`,
+    the same choice as the eager sampler given the same random draws): it reads the last
+    code from `code` and writes the new one there and into `history`, the codes the
+    repetition penalty looks at. `history` is padded past the reply with the codec mask code,
+    which its prompt part always holds, so the penalty sees the same set of codes."""
 
     def __init__(self, talker, capacity: int, reply_width: int, device: torch.device,
-                 cuda_graphs: bool) -> None:
+                 cuda_graphs: bool, sampler: TokenSampler | None = None) -> None:
+        config = talker.config
         self.talker = talker
+        self.sampler = sampler
         dtype = talker.codec_head.weight.dtype
-        self.cache = StaticKVCache(talker.config, capacity, device, dtype)
+        self.cache = StaticKVCache(config, capacity, device, dtype)
+        self.prefill = StaticPrefill(talker.model, self.cache, reply_width, dtype, device,
+                                     cuda_graphs, project=talker.thinker_to_talker_proj)
         self.code = torch.zeros((1, 1), dtype=torch.long, device=device)
         self.reply_input = torch.zeros((1, 1, reply_width), dtype=dtype, device=device)
         self.position = torch.zeros((3, 1, 1), dtype=torch.long, device=device)
+        vocab = config.vocab_size
+        self.history = torch.full((1, capacity + 1), config.tts_codec_mask_token_id,
+                                  dtype=torch.long, device=device)
+        self.noise = torch.ones((1, vocab), dtype=torch.float32, device=device)
+        self.mask_end = torch.zeros((), dtype=torch.bool, device=device)  # before min length
+        self.is_end = torch.zeros((1, vocab), dtype=torch.bool, device=device)
+        self.is_end[0, [config.tts_codec_pad_token_id, config.tts_codec_end_token_id]] = True
         self.graphs = {window: CapturedStep(partial(self._run, window))
                        for window in self.cache.windows} if cuda_graphs else {}
 
-    def __call__(self, code: int, reply_input: torch.Tensor, slot: int, position: int) -> torch.Tensor:
-        self.code.fill_(code)
+    def __call__(self, reply_input: torch.Tensor, slot: int, position: int,
+                 code: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One step writing KV slot `slot`; `code`: the last code, or None if `self.code`
+        already holds it. Returns (logits, the chosen code or None without a sampler)."""
+        if code is not None:
+            self.code.fill_(code)
         self.reply_input.copy_(reply_input)
         self.position.fill_(position)
         self.cache.write_at.fill_(slot)
@@ -60,13 +90,21 @@ class TalkerStaticStep:
         graph = self.graphs.get(window)
         return graph.replay() if graph is not None else self._run(window)
 
-    def _run(self, window: int) -> torch.Tensor:
+    def _run(self, window: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         self.cache.window = window
         inputs = self.talker.get_input_embeddings()(self.code) + self.reply_input
         hidden = forward_with_static_cache(
             self.talker.model, self.cache, self.talker.thinker_to_talker_proj(inputs),
             self.position, start=None)
-        return self.talker.codec_head(hidden[:, -1])
+        logits = self.talker.codec_head(hidden[:, -1])
+        if self.sampler is None:
+            return logits, None
+        masked = torch.where(self.mask_end & self.is_end, float("-inf"), logits)
+        history = self.history if self.sampler.needs_history else None
+        code = self.sampler.sample_on_device(masked, history, self.noise)
+        self.code.copy_(code)
+        self.history.index_copy_(1, self.cache.write_at.view(1) + 1, code)
+        return logits, code
 
 
 class TalkerRunner:
@@ -83,8 +121,10 @@ class TalkerRunner:
         self.codec_pad = config.tts_codec_pad_token_id
         self.codec_mask = config.tts_codec_mask_token_id
         self.end_codes = {config.tts_codec_pad_token_id, config.tts_codec_end_token_id}
-        unusable = [c for c in range(codebook_size, config.vocab_size) if c not in self.end_codes]
-        self.sampler: TokenSampler = sampler_factory(sorted({self.codec_bos, *unusable}))
+        self.sampler: TokenSampler = sampler_factory(suppressed_codes(config, codebook_size))
+        # the static step samples on the device if it was built for this very sampling
+        self.samples_on_device = (static is not None and static.sampler is not None
+                                  and static.sampler.params == self.sampler.params)
         self.cache = None if static is not None else DynamicCache(config=config)
         self.rope_delta = 0
         self.length = 0
@@ -92,6 +132,8 @@ class TalkerRunner:
         self.codes = 0
         self._history: torch.Tensor | None = None
         self._history_len = 0
+        self._code_on_device = False  # the static step's `code` holds last_code
+        self._end_masked: bool | None = None  # what the static step's mask_end holds
 
     @property
     def finished(self) -> bool:
@@ -115,36 +157,56 @@ class TalkerRunner:
         positions = positions.to(self.device)
         self.rope_delta = int(deltas.reshape(-1)[0])
         prompt_len = prompt_ids.shape[1]
-        self._history = torch.empty((1, prompt_len + 3 + self.max_codes), dtype=torch.long,
-                                    device=self.device)
-        self._history[0, :prompt_len] = self.codec_mask
+        if self.static is not None:  # its full-length buffer, padded with the mask code
+            self._history = self.static.history
+            self._history.fill_(self.codec_mask)
+        else:
+            self._history = torch.empty((1, prompt_len + 3 + self.max_codes), dtype=torch.long,
+                                        device=self.device)
+            self._history[0, :prompt_len] = self.codec_mask
         self._history[0, prompt_len] = self.codec_pad
         self._history[0, prompt_len + 1] = self.codec_bos
         self._history_len = prompt_len + 2
-        return self._next_code(self._forward(inputs, positions))
+        if self.static is not None:
+            hidden = self.static.prefill(inputs, positions)
+        else:
+            hidden = self.talker.model(
+                inputs_embeds=self.talker.thinker_to_talker_proj(inputs), position_ids=positions,
+                past_key_values=self.cache, use_cache=True, return_dict=True).last_hidden_state
+        self.length += inputs.shape[1]
+        return self._next_code(self.talker.codec_head(hidden[:, -1]))
 
     def step(self, reply_input: torch.Tensor) -> int:
         """One decode step with reply element `reply_input` (1, 1, H); returns the next code."""
         position = self.length + self.rope_delta
         if self.static is not None:
-            logits = self.static(self.last_code, reply_input, self.length, position)
-            self.length += 1
-            return self._next_code(logits)
+            return self._static_step(reply_input, position)
         inputs = self._codec_embed(self.last_code) + reply_input
         positions = torch.full((3, 1, 1), position, dtype=torch.long, device=self.device)
-        return self._next_code(self._forward(inputs, positions))
-
-    def _forward(self, inputs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         projected = self.talker.thinker_to_talker_proj(inputs)
-        if self.static is not None:
-            hidden = forward_with_static_cache(self.talker.model, self.static.cache, projected,
-                                               positions, start=self.length)
-        else:
-            hidden = self.talker.model(inputs_embeds=projected, position_ids=positions,
-                                       past_key_values=self.cache, use_cache=True,
-                                       return_dict=True).last_hidden_state
-        self.length += inputs.shape[1]
-        return self.talker.codec_head(hidden[:, -1])
+        hidden = self.talker.model(inputs_embeds=projected, position_ids=positions,
+                                   past_key_values=self.cache, use_cache=True,
+                                   return_dict=True).last_hidden_state
+        self.length += 1
+        return self._next_code(self.talker.codec_head(hidden[:, -1]))
+
+    def _static_step(self, reply_input: torch.Tensor, position: int) -> int:
+        static = self.static
+        if self.samples_on_device:
+            end_masked = self.codes < self.min_codes
+            if end_masked != self._end_masked:
+                static.mask_end.fill_(end_masked)
+                self._end_masked = end_masked
+            if self.sampler.params.do_sample:
+                self.sampler.draw_noise(static.noise)
+        logits, code = static(reply_input, self.length, position,
+                              None if self._code_on_device else self.last_code)
+        self.length += 1
+        if not self.samples_on_device:  # the step's own choice, if any, is overwritten here
+            return self._next_code(logits)
+        self._code_on_device = True
+        self._history_len += 1  # the step wrote the code into the history itself
+        return self._record(int(code))
 
     def _next_code(self, logits: torch.Tensor) -> int:
         history = self._history[:, :self._history_len] if self.sampler.needs_history else None
@@ -154,6 +216,10 @@ class TalkerRunner:
         code = self.sampler(logits, history)
         self._history[0, self._history_len] = code
         self._history_len += 1
+        self._code_on_device = False
+        return self._record(code)
+
+    def _record(self, code: int) -> int:
         self.last_code = code
         if code not in self.end_codes:
             self.codes += 1

@@ -11,8 +11,9 @@ state, i.e. `hidden_states[0]` and `hidden_states[-1]` of `generate(output_hidde
 
 The prompt's bookkeeping (rope positions, audio chunk tables, where the audio goes) is
 computed on the CPU, where the prompt already is: on a GPU the prefill then runs without a
-single host synchronisation. Decode steps use either transformers' DynamicCache or, on the
-fast path, a `ThinkerStaticStep` (a static KV cache, its step captured in CUDA graphs).
+single host synchronisation. The prefill and decode steps use either transformers'
+DynamicCache or, on the fast path, a `ThinkerStaticStep` (a static KV cache; on CUDA the
+prefill and the step are replayed from CUDA graphs).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as omni
 from .cuda_graphs import CapturedStep
 from .phases import PhaseClock
 from .prompt import Prompt
-from .static_cache import StaticKVCache, forward_with_static_cache
+from .static_cache import StaticKVCache, StaticPrefill, forward_with_static_cache
 
 
 @dataclass
@@ -38,13 +39,16 @@ class ThinkerOutput:
 
 
 class ThinkerStaticStep:
-    """One thinker decode step on a preallocated KV cache; on CUDA one captured graph per
-    attention window. Its outputs are static tensors, valid until the next step."""
+    """The thinker on a preallocated KV cache, for one generation at a time: its prefill
+    (`StaticPrefill`) and one decode step, on CUDA one captured graph per attention window.
+    The step's outputs are static tensors, valid until the next step."""
 
     def __init__(self, thinker, capacity: int, device: torch.device, cuda_graphs: bool) -> None:
         self.thinker = thinker
-        self.cache = StaticKVCache(thinker.config.text_config, capacity, device,
-                                   thinker.lm_head.weight.dtype)
+        dtype = thinker.lm_head.weight.dtype
+        self.cache = StaticKVCache(thinker.config.text_config, capacity, device, dtype)
+        self.prefill = StaticPrefill(thinker.model, self.cache, thinker.config.text_config.hidden_size,
+                                     dtype, device, cuda_graphs)
         self.token = torch.zeros((1, 1), dtype=torch.long, device=device)
         self.position = torch.zeros((3, 1, 1), dtype=torch.long, device=device)
         self.graphs = {window: CapturedStep(partial(self._run, window))
@@ -101,7 +105,12 @@ class ThinkerRunner:
         positions, deltas = self.thinker.get_rope_index(
             input_ids, None, None, torch.ones_like(input_ids), False, audio_lengths, None)
         self.rope_delta = int(deltas.reshape(-1)[0])
-        hidden = self._forward(embeds, positions.to(self.device))
+        positions = positions.to(self.device)
+        if self.static is not None:
+            hidden = self.static.prefill(embeds, positions)
+            self.length = embeds.shape[1]
+        else:
+            hidden = self._forward(embeds, positions)
         return ThinkerOutput(talker_embeds, hidden, self.thinker.lm_head(hidden[:, -1]))
 
     def step(self, token_ids: list[int]) -> ThinkerOutput:
