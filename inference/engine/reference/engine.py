@@ -287,12 +287,13 @@ class ReferenceEngine(OmniEngine):
         finally:
             _post(loop, queue, _DONE, job)
             self._jobs.discard(job)
+            # The reply's tensors go back to torch's caching allocator for the next reply;
+            # handing them to the driver (empty_cache) here would turn the next reply's
+            # allocations into cudaMallocs, each of which synchronises the device.
             try:
                 loop.call_soon_threadsafe(self._slots.release)
             except RuntimeError:  # the event loop is gone (shutdown)
                 pass
-            if self.device.type == "cuda" and not self._jobs:
-                torch.cuda.empty_cache()
 
     def _count_step(self) -> None:
         with self._stats_lock:

@@ -2,8 +2,10 @@
 
 `generate()` builds the same processors in the same order (repetition penalty, suppressed
 tokens, then temperature, top-k, top-p when sampling); reusing the classes keeps the math
-identical. The only difference: each generation draws from its own `torch.Generator`, so
-concurrent generations do not share (or perturb) one random stream.
+identical. Two differences: each generation draws from its own `torch.Generator`, so
+concurrent generations do not share (or perturb) one random stream; and suppressed tokens
+are set to -inf by `SuppressTokens` here, the same values as transformers' processor, without
+its `torch.isin` (which synchronises with the GPU for long lists, so cannot be captured).
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 from transformers.generation.logits_process import (
-    LogitsProcessorList, RepetitionPenaltyLogitsProcessor, SuppressTokensLogitsProcessor,
-    TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
+    LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
+    TopKLogitsWarper, TopPLogitsWarper,
 )
 
 
@@ -41,6 +43,16 @@ TALKER_SAMPLING = SamplingParams(
     do_sample=True, temperature=0.9, top_k=40, top_p=0.8, repetition_penalty=1.05)
 
 
+class SuppressTokens:
+    """`SuppressTokensLogitsProcessor`: the listed tokens' scores become -inf."""
+
+    def __init__(self, token_ids, device: torch.device) -> None:
+        self.token_ids = torch.tensor(sorted(token_ids), dtype=torch.long, device=device)
+
+    def __call__(self, input_ids, scores: torch.Tensor) -> torch.Tensor:
+        return scores.index_fill(-1, self.token_ids, float("-inf"))
+
+
 class TokenSampler:
     def __init__(self, params: SamplingParams, device: torch.device, suppress_ids=(),
                  generator: torch.Generator | None = None) -> None:
@@ -50,7 +62,7 @@ class TokenSampler:
         if params.repetition_penalty != 1.0:
             processors.append(RepetitionPenaltyLogitsProcessor(penalty=params.repetition_penalty))
         if suppress_ids:
-            processors.append(SuppressTokensLogitsProcessor(list(suppress_ids), device=device))
+            processors.append(SuppressTokens(suppress_ids, device))
         if params.do_sample:
             if params.temperature != 1.0:
                 processors.append(TemperatureLogitsWarper(params.temperature))
