@@ -1,7 +1,9 @@
 """ReferenceEngine: the async face of the torch generation loop.
 
-Each generation runs in its own worker thread (torch releases the GIL while it computes);
-deltas come back through an asyncio queue. A semaphore bounds how many run at once, and
+Each generation runs on a worker thread (torch releases the GIL while it computes); deltas
+come back through an asyncio queue. The workers live as long as the engine: libraries keep
+per-thread state (cuDNN execution plans, cuBLAS handles, OpenMP teams) that a fresh thread
+per reply would rebuild on every reply. A semaphore bounds how many run at once, and
 the time spent waiting for it is reported as `queue_wait_s`. Closing the async iterator
 sets the generation's cancel flag, which the loop checks before every model call, so the
 thread stops within one decode step and drops its KV caches.
@@ -10,6 +12,7 @@ thread stops within one decode step and drops its KV caches.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -151,6 +154,7 @@ class ReferenceEngine(OmniEngine):
         self._grammar = None
         self._slots: asyncio.Semaphore | None = None
         self._jobs: set[_Job] = set()
+        self._workers: concurrent.futures.ThreadPoolExecutor | None = None
         self._stats_lock = threading.Lock()
         #: decode steps run by all generations so far (for tests and metrics)
         self.decode_steps = 0
@@ -164,8 +168,8 @@ class ReferenceEngine(OmniEngine):
 
     @property
     def active_generations(self) -> int:
-        """Generations whose worker thread is still running (cancelled ones included)."""
-        return sum(1 for job in list(self._jobs) if job.thread.is_alive())
+        """Generations whose work is still running (cancelled ones included)."""
+        return sum(1 for job in list(self._jobs) if job.future is not None and not job.future.done())
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -197,6 +201,8 @@ class ReferenceEngine(OmniEngine):
                 max_codes_for(model, self.settings.max_audio_seconds),
                 self.settings.talker_sampling, self.device, self.cuda_graphs)
         self._slots = asyncio.Semaphore(self.max_concurrency)
+        self._workers = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self.max_concurrency, thread_name_prefix="omni-generation")
         if self.warmup:
             await self._warm_up()
 
@@ -204,7 +210,11 @@ class ReferenceEngine(OmniEngine):
         for job in list(self._jobs):
             job.cancel.set()
         for job in list(self._jobs):
-            await asyncio.to_thread(job.thread.join)
+            if job.future is not None:
+                await asyncio.wrap_future(job.future)
+        if self._workers is not None:
+            self._workers.shutdown(wait=False)
+            self._workers = None
         self.loaded = self.token2wav = self.slots = None
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -253,11 +263,8 @@ class ReferenceEngine(OmniEngine):
                 emit=lambda delta: _post(loop, queue, delta, job),
                 cancelled=job.cancel.is_set, on_step=self._count_step, arrived=arrived,
                 queue_wait=time.monotonic() - arrived, token2wav=self.token2wav, slots=self.slots)
-            job.thread = threading.Thread(
-                target=self._run, args=(generation, loop, queue, job),
-                name=f"omni-{request.request_id}", daemon=True)
             self._jobs.add(job)
-            job.thread.start()
+            job.future = self._workers.submit(self._run, generation, loop, queue, job)
             started = True
             while True:
                 item = await queue.get()
@@ -269,14 +276,14 @@ class ReferenceEngine(OmniEngine):
                 if isinstance(item, Finished):
                     return
         finally:
-            job.cancel.set()  # no-op when finished; stops the thread within one step otherwise
+            job.cancel.set()  # no-op when finished; stops the work within one step otherwise
             if not started:
                 self._jobs.discard(job)
                 self._slots.release()
 
     def _run(self, generation: Generation, loop: asyncio.AbstractEventLoop,
              queue: asyncio.Queue, job: "_Job") -> None:
-        """Worker thread body. Releases the concurrency slot when the work has really stopped."""
+        """Runs on a worker thread. Releases the concurrency slot when the work has really stopped."""
         try:
             generation.run()
         except Cancelled:
@@ -312,7 +319,7 @@ class ReferenceEngine(OmniEngine):
 class _Job:
     def __init__(self) -> None:
         self.cancel = threading.Event()
-        self.thread: threading.Thread | None = None
+        self.future: concurrent.futures.Future | None = None
 
 
 def _post(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, item, job: _Job) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache
 from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as omni
 
@@ -29,6 +30,9 @@ from .cuda_graphs import CapturedStep
 from .phases import PhaseClock
 from .prompt import Prompt
 from .static_cache import StaticKVCache, StaticPrefill, forward_with_static_cache
+
+
+ENCODER_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @dataclass
@@ -154,16 +158,19 @@ def encode_audio(audio_tower, features: torch.Tensor, feature_mask: torch.Tensor
     computes it. Its bookkeeping (chunking and padding the mel, index tables) runs here on
     the CPU tensors with transformers' own helpers and is handed to the encoder precomputed;
     `cu_seqlens` stays on the CPU because the (non-flash) encoder attention splits by it on
-    the host once per layer."""
+    the host once per layer. Attention may use any SDPA kernel but cuDNN's, which builds and
+    caches an execution plan per shape, and the last audio chunk's length changes with every
+    utterance."""
     lengths = feature_mask.sum(dim=1)
     flat = features.permute(0, 2, 1)[feature_mask.bool()].permute(1, 0)
     padded, chunk_lengths = omni.chunk_and_pad_features(flat, lengths, audio_tower.n_window)
     cu_seqlens = omni.get_audio_cu_seqlens(chunk_lengths)
     if "flash" in str(audio_tower.config._attn_implementation):
         cu_seqlens = cu_seqlens.to(device)
-    out = audio_tower(
-        feature_lens=lengths, padded_feature=padded.to(device, dtype),
-        chunk_lengths=chunk_lengths.to(device),
-        valid_indices=omni.get_valid_indices(chunk_lengths).to(device),
-        pool_indices=omni.get_pool_indices(lengths).to(device), cu_seqlens=cu_seqlens)
+    with sdpa_kernel(ENCODER_ATTENTION):
+        out = audio_tower(
+            feature_lens=lengths, padded_feature=padded.to(device, dtype),
+            chunk_lengths=chunk_lengths.to(device),
+            valid_indices=omni.get_valid_indices(chunk_lengths).to(device),
+            pool_indices=omni.get_pool_indices(lengths).to(device), cu_seqlens=cu_seqlens)
     return out.last_hidden_state
