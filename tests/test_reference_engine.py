@@ -32,7 +32,6 @@ from inference.engine.reference.sampling import TALKER_SAMPLING, TokenSampler
 from inference.engine.reference.tiny import build_tiny_model, ensure_tiny_model
 from inference.engine.reference.token2wav_runner import Token2WavRunner
 from inference.engine.reference.token2wav_stream import ChunkPlan, StreamingToken2Wav
-from inference.engine.reference.tool_calls import ParsedCall, ToolCallParser
 
 asyncio_module = pytest.mark.asyncio(loop_scope="module")
 
@@ -336,32 +335,6 @@ def test_incremental_decoding_joins_to_the_full_text(engine):
 
 
 # --------------------------------------------------------------------------- tool calls
-
-def test_tool_calls_are_parsed_out_of_the_transcript():
-    text = ('Sure, checking. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}'
-            '\n</tool_call>\n<tool_call>\n{"name": "set_alarm", "arguments": "{\\"minutes\\": 5}"}'
-            '\n</tool_call>\n<tool_call>\nnot json\n</tool_call> Done.')
-    parser = ToolCallParser()
-    items = []
-    for char in text:  # one character at a time: tags arrive split
-        items += parser.feed(char)
-    items += parser.finish()
-    transcript = "".join(i for i in items if isinstance(i, str))
-    calls = [i for i in items if isinstance(i, ParsedCall)]
-    assert transcript == "Sure, checking.Done."
-    assert "<" not in transcript
-    assert [c.name for c in calls] == ["get_weather", "set_alarm"]
-    assert json.loads(calls[0].arguments) == {"city": "Paris"}
-    assert json.loads(calls[1].arguments) == {"minutes": 5}
-    assert len({c.call_id for c in calls}) == 2
-
-
-def test_unterminated_tool_call_at_the_end_is_still_parsed():
-    parser = ToolCallParser()
-    items = parser.feed('<tool_call>\n{"name": "set_alarm", "arguments": {"minutes": 1}}')
-    items += parser.finish()
-    assert [(c.name, json.loads(c.arguments)) for c in items] == [("set_alarm", {"minutes": 1})]
-
 
 def assert_weather_arguments(arguments: str) -> None:
     args = json.loads(arguments)

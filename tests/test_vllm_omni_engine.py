@@ -21,7 +21,6 @@ from inference.engine import (
 )
 from inference.engine.vllm_omni import VllmOmniEngine
 from inference.engine.vllm_omni import prompt as prompts
-from inference.engine.vllm_omni.tool_calls import ToolCallSplitter
 from tests.fakes.qwen_omni_processor import Qwen2_5OmniProcessor, Qwen3OmniMoeProcessor
 
 FAKES = Path(__file__).parent / "fakes"
@@ -213,7 +212,7 @@ async def test_tool_call_in_the_text_becomes_a_tool_call_delta(fake_omni):
                         "\"arguments\": {\"city\": \"Paris\"}}\n</tool_", "call>"]
     deltas = await collect(engine.generate(request(UserText("Weather in Paris?"), tools=[WEATHER])))
 
-    assert [d.text for d in deltas if isinstance(d, TextDelta)] == ["Let me check. "]
+    assert [d.text for d in deltas if isinstance(d, TextDelta)] == ["Let me check."]
     calls = [d for d in deltas if isinstance(d, ToolCallDelta)]
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
     assert calls[0].call_id.startswith("call_")
@@ -263,22 +262,6 @@ async def test_required_tool_choice_is_said_in_the_system_turn(fake_omni):
     engine, omni = await started()
     await collect(engine.generate(request(tools=[WEATHER], tool_choice="get_weather")))
     assert "you must call the tool `get_weather`" in omni.calls[-1].prompt["prompt"]
-
-
-def test_splitter_keeps_text_and_parses_calls_cut_anywhere():
-    reply = 'Sure.<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n<tool_call>{"name": "b"}</tool_call>'
-    for cut in range(1, len(reply)):
-        splitter = ToolCallSplitter()
-        pieces = splitter.feed(reply[:cut]) + splitter.feed(reply[cut:]) + splitter.finish()
-        assert "".join(p for p in pieces if isinstance(p, str)) == "Sure."
-        calls = [(p.name, json.loads(p.arguments)) for p in pieces if isinstance(p, ToolCallDelta)]
-        assert calls == [("a", {"x": 1}), ("b", {})]
-
-
-def test_splitter_passes_malformed_calls_and_lookalike_text_through():
-    splitter = ToolCallSplitter()
-    pieces = splitter.feed("a < b and <tool_call>{not json}</tool_call> <tool") + splitter.finish()
-    assert "".join(pieces) == "a < b and <tool_call>{not json}</tool_call> <tool"
 
 
 # --------------------------------------------------------------------------- the end of a reply

@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 
 from ..base import AudioDelta, Finished, GenerationRequest, TextDelta, ToolCallDelta
+from ..tool_calls import OPEN_TAG, ToolCallParser, new_call_id
 from .constrained import CLOSING_LIMIT, GrammarFactory, arguments_schema, call_schema
 from .decode_slots import DecodeSlot, DecodeSlots
 from .detokenize import IncrementalDecoder
@@ -33,7 +34,6 @@ from .thinker import ThinkerRunner
 from .token2wav_runner import Token2WavRunner
 from .token2wav_stream import Cancelled, ChunkPlan
 from .voice import Voice
-from .tool_calls import OPEN_TAG, ParsedCall, ToolCallParser, new_call_id
 
 logger = logging.getLogger(__name__)
 
@@ -263,10 +263,10 @@ class Generation:
         # the teacher-forced envelope went through the prefill but belongs to the reply
         self.prompt_tokens_in_reply = len(self.tokenizer.encode(prefix, add_special_tokens=False))
         if single:
-            self._emit_call(ParsedCall(new_call_id(), forced[0]["name"], body))
+            self._emit_call(ToolCallDelta(new_call_id(), forced[0]["name"], body))
         else:
             payload = json.loads(body)
-            self._emit_call(ParsedCall(new_call_id(), payload["name"],
+            self._emit_call(ToolCallDelta(new_call_id(), payload["name"],
                                        json.dumps(payload["arguments"], ensure_ascii=False)))
         return "tool_calls"
 
@@ -276,9 +276,9 @@ class Generation:
         self.timings.setdefault("first_text_s", time.monotonic() - self.arrived)
         self._emit(TextDelta(text))
 
-    def _emit_call(self, call: ParsedCall) -> None:
+    def _emit_call(self, call: ToolCallDelta) -> None:
         self.tool_calls += 1
-        self._emit(ToolCallDelta(call.call_id, call.name, call.arguments))
+        self._emit(call)
 
     def _emit_audio(self, samples) -> None:
         if len(samples) == 0:
@@ -347,7 +347,7 @@ class _TextChannel:
 
     def _route(self, items) -> None:
         for item in items:
-            if isinstance(item, ParsedCall):
+            if isinstance(item, ToolCallDelta):
                 self.on_call(item)
             else:
                 self.on_text(item)

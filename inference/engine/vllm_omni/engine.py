@@ -29,7 +29,7 @@ from ..base import (
 )
 from . import outputs
 from . import prompt as prompts
-from .tool_calls import ToolCallSplitter
+from ..tool_calls import ToolCallParser
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class VllmOmniEngine(OmniEngine):
             output_modalities=["text", "audio"] if speak else ["text"],
         )
         reply = _Reply(began, self._prompts.audio_token_id,
-                       ToolCallSplitter() if prompts.offered_tools(request) else None)
+                       ToolCallParser() if prompts.offered_tools(request) else None)
         completed = False
         try:
             async for output in stream:
@@ -177,7 +177,7 @@ class VllmOmniEngine(OmniEngine):
 class _Reply:
     """What one generation has produced so far, and the deltas that come from it."""
 
-    def __init__(self, began: float, audio_token_id: int | None, splitter: ToolCallSplitter | None) -> None:
+    def __init__(self, began: float, audio_token_id: int | None, splitter: ToolCallParser | None) -> None:
         self._began = began
         self._audio_token_id = audio_token_id
         self._splitter = splitter

@@ -20,7 +20,7 @@ from ..base import (
     INPUT_SAMPLE_RATE, AssistantText, GenerationRequest, SystemText, ToolCall, ToolResult,
     ToolSpec, UserAudio, UserText,
 )
-from .tool_calls import CLOSE_TAG, OPEN_TAG
+from ..tool_calls import CLOSE_TAG, OPEN_TAG
 
 # Qwen2.5-Omni's talker was trained with this exact system prompt; with another one, its
 # model card warns, speech output may not work. Our instructions follow it.

@@ -1,6 +1,6 @@
-"""Split the thinker's streamed text into the spoken transcript and hermes-style tool calls.
+"""Split a model's streamed text into the spoken transcript and hermes-style tool calls.
 
-Qwen models call tools by writing `<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>`
+Shared by both engines. Qwen2.5-Omni and Qwen3-Omni call tools by writing `<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>`
 in their reply. Those blocks are not transcript: the parser holds back any text that might be
 the start of one, so a partial `<tool_` never reaches the client. Whitespace is held back too
 until more text follows, so the newlines between calls never end up in the transcript.
@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from dataclasses import dataclass
+
+from .base import ToolCallDelta
 
 logger = logging.getLogger(__name__)
 
@@ -19,19 +20,15 @@ OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
 
 
-@dataclass
-class ParsedCall:
-    call_id: str
-    name: str
-    arguments: str  # JSON text
-
-
 def new_call_id() -> str:
     return f"call_{secrets.token_hex(10)}"
 
 
-def parse_tool_call(body: str) -> ParsedCall | None:
-    """`{"name": ..., "arguments": ...}` → ParsedCall; None (and a warning) if malformed."""
+def parse_tool_call(body: str) -> ToolCallDelta | None:
+    """`{"name": ..., "arguments": ...}` → ToolCallDelta; None (and a warning) if malformed.
+
+    A malformed call is dropped rather than spoken: reading JSON aloud helps nobody.
+    """
     try:
         payload = json.loads(body)
     except ValueError:
@@ -47,7 +44,7 @@ def parse_tool_call(body: str) -> ParsedCall | None:
             arguments = json.loads(arguments)
         except ValueError:
             pass
-    return ParsedCall(new_call_id(), name, json.dumps(arguments, ensure_ascii=False))
+    return ToolCallDelta(new_call_id(), name, json.dumps(arguments, ensure_ascii=False))
 
 
 class ToolCallParser:
@@ -63,9 +60,9 @@ class ToolCallParser:
     def in_call(self) -> bool:
         return self._in_call
 
-    def feed(self, piece: str) -> list[str | ParsedCall]:
+    def feed(self, piece: str) -> list[str | ToolCallDelta]:
         self._pending += piece
-        out: list[str | ParsedCall] = []
+        out: list[str | ToolCallDelta] = []
         while True:
             if self._in_call:
                 end = self._pending.find(CLOSE_TAG)
@@ -93,9 +90,9 @@ class ToolCallParser:
             self._pending = self._pending[len(self._pending) - keep:]
             return out
 
-    def finish(self) -> list[str | ParsedCall]:
+    def finish(self) -> list[str | ToolCallDelta]:
         """End of the reply: an unterminated call is parsed as is; held text is flushed."""
-        out: list[str | ParsedCall] = []
+        out: list[str | ToolCallDelta] = []
         if self._in_call:
             call = parse_tool_call(self._pending.strip())
             if call is not None:
