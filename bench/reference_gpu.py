@@ -55,7 +55,7 @@ VARIANTS = {
     "eager": dict(cuda_graphs=False, static_cache=False),
     # transformers' own settings: 10 ODE steps, look-ahead for every chunk, 2-block chunks
     "quality": dict(ode_steps=10, chunk_blocks=2, first_lookahead_blocks=1, first_ode_steps=10),
-    "first-lookahead": dict(first_lookahead_blocks=1),
+    "latency-first": dict(first_lookahead_blocks=0),
     "steps5": dict(ode_steps=5, first_ode_steps=5),
 }
 
