@@ -19,7 +19,7 @@ object with `type` and `at` (the agent's wall clock, seconds since the epoch):
 - `response_done` {response_id, cancelled, model_first_audio_s}: the worker finished a
   response, or cancelled it (a barge-in while it was still generating).
 
-User and agent *transcripts* are published by livekit-agents itself (text streams on the
+The agent's *transcripts* are published by livekit-agents itself (text streams on the
 `lk.transcription` topic); nothing here duplicates them.
 """
 
@@ -63,6 +63,8 @@ class RoomEvents:
         s = self._session
         s.on("agent_state_changed", self._on_agent_state)
         s.on("user_state_changed", self._on_user_state)
+        # Deprecated in livekit-agents 1.8 (it warns once), but the only place where the
+        # model's time to first audio and a response's cancellation are reported.
         s.on("metrics_collected", self._on_metrics)
         s.on("speech_created", self._on_speech_created)
         s.on("agent_false_interruption", self._on_false_interruption)

@@ -1,19 +1,22 @@
 """Voice-to-voice latency and barge-in stop latency through a real LiveKit room.
 
-A caller (livekit rtc SDK, tests/e2e/caller.py) talks to the agent in a room. Each round:
+A caller (livekit rtc SDK, tests/e2e/caller.py) calls the agent (a new room every
+--rounds-per-call rounds: the model's time to first audio grows with the conversation). Each
+round:
 
   1. it says a sentence and waits for the agent's voice:
        voice-to-voice = first agent audio frame at the caller − last caller sample sent
-  2. 0.4 s into the agent's reply it barges in with another sentence:
+     split at the agent's end-of-turn decision (its `user_turn` event) into
+       end of turn    = decision − last caller sample (VAD silence + turn detector's wait)
+       reply          = first agent audio at the caller − decision, of which the model's own
+                        time to first audio is reported by the agent; the rest is pipeline
+  2. 0.4 s into the agent's reply it barges in ("Stop, please."):
        stop latency   = last agent audio frame at the caller − the agent's decision to stop
                         (its `agent_state` speaking → listening event; agent/room_events.py)
      and the agent's answer to the barge-in is one more voice-to-voice sample;
   3. it waits for that answer to end.
 
-The agent also reports, per reply, its own view of voice-to-voice (end of user speech → first
-audio frame out to the room), how long end-of-turn detection waited, and the model's time to
-first audio; the script prints their percentiles too, so the pipeline's own share can be read
-off. Clocks: everything runs on this machine, wall clock throughout.
+Clocks: everything runs on this machine, wall clock throughout.
 
 Without --livekit-url it starts its own stack (LiveKit 17885-17887, worker 18330, agent),
 tiny-random unless --model says otherwise.
@@ -45,7 +48,7 @@ from scripts.stack import TINY_RANDOM_REPLY, Stack, livekit_server, omni_worker,
 from tests.e2e.caller import Caller, load_wav  # noqa: E402
 
 QUESTIONS = ["e2e_q1_time.wav", "e2e_q2_weather.wav", "e2e_q3_recall.wav", "e2e_q4_thanks.wav"]
-BARGE_IN = "e2e_barge_in.wav"
+BARGE_IN = "e2e_stop.wav"
 BARGE_IN_AFTER_S = 0.4  # into the agent's reply
 REPLY_TIMEOUT_S = 90.0
 
@@ -53,9 +56,10 @@ REPLY_TIMEOUT_S = 90.0
 @dataclass
 class Samples:
     voice_to_voice: list[float] = field(default_factory=list)
-    agent_voice_to_voice: list[float] = field(default_factory=list)
-    end_of_turn_wait: list[float] = field(default_factory=list)
+    end_of_turn: list[float] = field(default_factory=list)
+    reply: list[float] = field(default_factory=list)
     model_first_audio: list[float] = field(default_factory=list)
+    pipeline: list[float] = field(default_factory=list)
     stop_after_decision: list[float] = field(default_factory=list)
     stop_after_speech_start: list[float] = field(default_factory=list)
     decision_after_speech_start: list[float] = field(default_factory=list)
@@ -63,20 +67,25 @@ class Samples:
     cancelled_on_worker: int = 0
 
 
-async def wait_reply_done(caller: Caller, after: float) -> dict:
-    """The agent's `turn` event for the reply to speech that ended at `after`, once played out."""
-    turn = await caller.wait_for_event("turn", after=after, timeout=REPLY_TIMEOUT_S)
+async def reply_started(caller: Caller, speech_ended: float, samples: Samples) -> tuple[float, float]:
+    """Wait for the agent's answer to speech that ended at `speech_ended`; record its latencies.
+    Returns (first audio at the caller, the agent's end-of-turn decision)."""
     assert caller.agent_audio is not None
-    await caller.agent_audio.quiet_after(time.time(), quiet_s=0.5, timeout=REPLY_TIMEOUT_S)
-    return turn
+    voice = await caller.agent_audio.first_voice_after(speech_ended, timeout=REPLY_TIMEOUT_S)
+    decided = await caller.wait_for_event("user_turn", after=speech_ended, timeout=10)
+    samples.voice_to_voice.append(voice - speech_ended)
+    samples.end_of_turn.append(decided["at"] - speech_ended)
+    samples.reply.append(voice - decided["at"])
+    return voice, decided["at"]
 
 
-def record_agent_view(samples: Samples, turn: dict) -> None:
-    for key, series in (("voice_to_voice_s", samples.agent_voice_to_voice),
-                        ("end_of_turn_delay_s", samples.end_of_turn_wait),
-                        ("model_first_audio_s", samples.model_first_audio)):
-        if turn.get(key) is not None:
-            series.append(turn[key])
+def record_model_time(caller: Caller, voice: float, decided: float, samples: Samples) -> None:
+    """Split decision → first audio into the model's share and the rest, once the worker has
+    reported on the response (`response_done` arrives when it is complete or cancelled)."""
+    done = caller.events_of("response_done", after=decided)
+    if done and done[0]["model_first_audio_s"] is not None:
+        samples.model_first_audio.append(done[0]["model_first_audio_s"])
+        samples.pipeline.append(voice - decided - done[0]["model_first_audio_s"])
 
 
 async def one_round(caller: Caller, question: str, samples: Samples) -> None:
@@ -84,8 +93,7 @@ async def one_round(caller: Caller, question: str, samples: Samples) -> None:
     assert audio is not None
 
     said = await caller.mic.say(load_wav(question))
-    agent_voice = await audio.first_voice_after(said.ended_at, timeout=REPLY_TIMEOUT_S)
-    samples.voice_to_voice.append(agent_voice - said.ended_at)
+    agent_voice, question_decided = await reply_started(caller, said.ended_at, samples)
 
     await asyncio.sleep(BARGE_IN_AFTER_S)
     barge_in = asyncio.create_task(caller.mic.say(load_wav(BARGE_IN)))
@@ -99,33 +107,39 @@ async def one_round(caller: Caller, question: str, samples: Samples) -> None:
     samples.stop_after_speech_start.append(stopped - spoken.started_at)
     samples.decision_after_speech_start.append(decided["at"] - spoken.started_at)
 
-    cut = await caller.wait_for_event("turn", after=said.ended_at, timeout=REPLY_TIMEOUT_S)
-    record_agent_view(samples, cut)
-    if caller.events_of("response_cancelled", after=said.ended_at):
+    answer_voice, answer_decided = await reply_started(caller, spoken.ended_at, samples)
+    await caller.wait_for_event("turn", after=spoken.ended_at, timeout=REPLY_TIMEOUT_S)  # played out
+    await audio.quiet_after(time.time(), quiet_s=0.5, timeout=REPLY_TIMEOUT_S)
+
+    record_model_time(caller, agent_voice, question_decided, samples)
+    record_model_time(caller, answer_voice, answer_decided, samples)
+    cut = caller.events_of("response_done", after=question_decided)[0]
+    if cut["cancelled"]:
         samples.cancelled_on_worker += 1
 
-    answer_voice = await audio.first_voice_after(spoken.ended_at, timeout=REPLY_TIMEOUT_S)
-    samples.voice_to_voice.append(answer_voice - spoken.ended_at)
-    record_agent_view(samples, await wait_reply_done(caller, spoken.ended_at))
 
-
-async def run_rounds(livekit_url: str, rounds: int) -> Samples:
+async def one_call(livekit_url: str, rounds: int, first: int, total: int, samples: Samples) -> None:
     caller = await Caller.join(livekit_url, f"bench-{uuid.uuid4().hex[:8]}")
-    samples = Samples()
     try:
         await caller.wait_for_agent(timeout=REPLY_TIMEOUT_S)
         await caller.wait_until_agent_listening(after=0.0, timeout=REPLY_TIMEOUT_S)  # the greeting
         assert caller.agent_audio is not None
         await caller.agent_audio.quiet_after(time.time(), quiet_s=0.5, timeout=REPLY_TIMEOUT_S)
-        for i in range(rounds):
+        for i in range(first, first + rounds):
             started = time.monotonic()
             await one_round(caller, QUESTIONS[i % len(QUESTIONS)], samples)
-            print(f"round {i + 1}/{rounds}: voice-to-voice {samples.voice_to_voice[-2] * 1000:.0f} / "
+            print(f"round {i + 1}/{total}: voice-to-voice {samples.voice_to_voice[-2] * 1000:.0f} / "
                   f"{samples.voice_to_voice[-1] * 1000:.0f} ms, stop after decision "
                   f"{samples.stop_after_decision[-1] * 1000:.0f} ms ({time.monotonic() - started:.0f} s)",
                   flush=True)
     finally:
         await caller.aclose()
+
+
+async def run_rounds(livekit_url: str, rounds: int, rounds_per_call: int) -> Samples:
+    samples = Samples()
+    for first in range(0, rounds, rounds_per_call):
+        await one_call(livekit_url, min(rounds_per_call, rounds - first), first, rounds, samples)
     return samples
 
 
@@ -154,11 +168,13 @@ def report(samples: Samples, args: argparse.Namespace) -> None:
     print()
     print(f"voice-to-voice through LiveKit, {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}")
     print(f"machine: {machine()}")
-    print(f"model: {args.model} ({args.engine}); rounds: {args.rounds}; barge-in {BARGE_IN_AFTER_S} s into each reply")
+    print(f"model: {args.model} ({args.engine}); {args.rounds} rounds, a new call every {args.rounds_per_call}; "
+          f"barge-in {BARGE_IN_AFTER_S} s into each reply")
     print(row("voice-to-voice at the caller (end of speech → first audio)", samples.voice_to_voice))
-    print(row("  agent's view (end of speech → first audio out)", samples.agent_voice_to_voice))
-    print(row("  of which end-of-turn detection (silence + endpointing)", samples.end_of_turn_wait))
-    print(row("  model time to first audio (response.create → audio)", samples.model_first_audio))
+    print(row("  end of turn decided (VAD silence + turn detector)", samples.end_of_turn))
+    print(row("  decision → first agent audio at the caller", samples.reply))
+    print(row("    model's time to first audio (worker)", samples.model_first_audio))
+    print(row("    the rest: agent, provider, LiveKit, WebRTC", samples.pipeline))
     print(row("barge-in: audio stops at the caller after the agent decides", samples.stop_after_decision))
     print(row("barge-in: audio stops at the caller after the caller starts", samples.stop_after_speech_start))
     print(row("barge-in: agent decides after the caller starts", samples.decision_after_speech_start))
@@ -173,6 +189,7 @@ def report(samples: Samples, args: argparse.Namespace) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=20, help="each round: a question, then a barge-in")
+    p.add_argument("--rounds-per-call", type=int, default=5, help="rounds in one room before a new call")
     p.add_argument("--livekit-url", help="use this running stack instead of starting one")
     p.add_argument("--model", default="tiny-random")
     p.add_argument("--engine", default="reference")
@@ -180,7 +197,7 @@ def main() -> None:
     args = p.parse_args()
 
     if args.livekit_url:
-        samples = asyncio.run(run_rounds(args.livekit_url, args.rounds))
+        samples = asyncio.run(run_rounds(args.livekit_url, args.rounds, args.rounds_per_call))
     else:
         log_dir = Path(tempfile.mkdtemp(prefix="bench-v2v-"))
         with Stack(echo=None, log_dir=log_dir, say=lambda m: print(f"[stack] {m}", flush=True)) as stack:
@@ -188,7 +205,7 @@ def main() -> None:
             extra = TINY_RANDOM_REPLY if args.model == "tiny-random" else ()
             stack.start(omni_worker(18330, model=args.model, engine=args.engine, extra_args=extra))
             stack.start(voice_agent(livekit_url="ws://127.0.0.1:17885", omni_url="ws://127.0.0.1:18330/v1/realtime"))
-            samples = asyncio.run(run_rounds("ws://127.0.0.1:17885", args.rounds))
+            samples = asyncio.run(run_rounds("ws://127.0.0.1:17885", args.rounds, args.rounds_per_call))
         print(f"[stack] logs in {log_dir}")
     report(samples, args)
 

@@ -45,8 +45,9 @@ class Service:
     ready_log: str | None = None  # ready when an output line matches this regex
     ready_timeout_s: float = 120.0
     stop_timeout_s: float = 15.0
-    tcp_ports: tuple[int, ...] = ()  # must be free before it starts (else readiness could
-    # be answered by whatever already listens there)
+    # Must be free before it starts: otherwise whatever already listens there could answer
+    # the readiness check.
+    tcp_ports: tuple[int, ...] = ()
 
 
 def port_in_use(port: int) -> bool:
