@@ -43,7 +43,10 @@ if ! try_install; then
     say "retrying with GOSUMDB=off (checksum database unreachable?)"
     if ! try_install GOSUMDB=off; then
         say "retrying with GOSUMDB=off GOFLAGS=-mod=mod"
-        try_install GOSUMDB=off GOFLAGS=-mod=mod
+        if ! try_install GOSUMDB=off GOFLAGS=-mod=mod; then
+            say "error: could not build the LiveKit server (go's messages above); is the Go module proxy reachable (GOPROXY=$(go env GOPROXY))?"
+            exit 1
+        fi
     fi
 fi
 
