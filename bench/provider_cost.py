@@ -26,7 +26,6 @@ import datetime
 import json
 import os
 import platform
-import socket
 import statistics
 import sys
 import threading
@@ -40,20 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from livekit import rtc  # noqa: E402
 from provider import RealtimeModel, RealtimeSession  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
 
 ROOM_RATE = 24_000
 FRAME_SAMPLES = ROOM_RATE // 50  # 20 ms
-
-
-def free_port() -> int:
-    for port in range(18200, 18300):  # the provider's port range
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 18200-18299")
 
 
 class StandInWorker(threading.Thread):

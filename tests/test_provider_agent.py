@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
@@ -28,27 +27,14 @@ from tests.conftest import WorkerProcess
 DATA = Path(__file__).parent / "data"
 QUESTION = DATA / "e2e_q1_time.wav"  # "Tell me the time in Paris."
 RECALL = DATA / "e2e_q3_recall.wav"  # "Now tell me what I asked you first."
-PORTS = range(18250, 18300)  # this suite's share of the provider's port range
 # tiny-random's talker may end after a few codes: bound every reply to 2-3 s of speech
 ENGINE_ARGS = ("--engine-option", "min_audio_seconds=2", "--engine-option", "max_audio_seconds=3",
                "--engine-option", "seed=0")
 WAIT_S = 90  # CPU-only and shared with other suites: generous, never part of an assertion
 
 
-def free_port() -> int:
-    for port in PORTS:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 18250-18299")
-
-
 def start_worker(tmp_dir: Path) -> WorkerProcess:
     worker = WorkerProcess(tmp_dir, api_key="provider-key", args=ENGINE_ARGS)
-    worker.port = free_port()
     return worker.start()
 
 
@@ -168,7 +154,8 @@ async def test_interruption_cancels_on_the_worker_and_keeps_what_was_played(work
         sent: list[dict[str, Any]] = []
         h.rt.on("omni_client_event_queued", sent.append)
         h.say()
-        await h.wait_for(lambda: h.speaker.played_seconds >= 1.0)
+        # interrupt early: on an idle machine the CPU engine finishes the whole reply in ~1-2 s
+        await h.wait_for(lambda: h.speaker.played_seconds >= 0.3)
         assert not h.events("response.done"), "the reply was complete before the interruption"
         h.session.interrupt()
         await h.wait_for(lambda: h.events("conversation.item.truncated"))

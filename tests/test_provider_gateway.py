@@ -10,7 +10,6 @@ test_provider_agent.py.
 from __future__ import annotations
 
 import asyncio
-import socket
 from typing import Any
 
 import aiohttp
@@ -25,21 +24,10 @@ from inference.server import Worker
 from livekit import rtc
 from livekit.agents import APIConnectOptions, llm
 from provider import RealtimeModel, RealtimeSession
+from tests.conftest import free_port
 from tests.support.scripted_engine import ScriptedEngine
 
 KEY = "gateway-key"
-PORTS = range(18200, 18300)  # this suite's port range
-
-
-def free_port() -> int:
-    for port in PORTS:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 18200-18299")
 
 
 class Gateway:
