@@ -52,7 +52,7 @@ class ResponseRun:
     async def run(self) -> None:
         await self._send(p.ResponseCreated(response=self.response))
         finished: eng.Finished | None = None
-        failure: str | None = None
+        failure: eng.EngineError | None = None
         cancelled = False
         stream = self._engine.generate(self.request)
         try:
@@ -67,18 +67,18 @@ class ResponseRun:
             cancelled = True
         except eng.EngineError as e:
             log.warning("response %s failed: %s", self.id, e)
-            failure = str(e)
-            code = "engine_overloaded" if isinstance(e, eng.EngineOverloaded) else "engine_error"
+            failure = e
         finally:
             await stream.aclose()  # stops engine work before anything else is sent
 
         if cancelled:
             self._metrics.cancels.labels(self.cancel_reason).inc()
             await self._finish("cancelled", {"type": "cancelled", "reason": self.cancel_reason})
-        elif failure is not None or finished is None:
-            error = {"type": "server_error", "code": "engine_error" if failure is None else code,
-                     "message": failure or "the engine ended without finishing"}
-            await self._finish("failed", {"type": "failed", "error": error})
+        elif finished is None:
+            failure = failure or eng.EngineError("the engine ended without finishing")
+            code = "engine_overloaded" if isinstance(failure, eng.EngineOverloaded) else "engine_error"
+            await self._finish("failed", {"type": "failed", "error": {
+                "type": "server_error", "code": code, "message": str(failure)}})
         else:
             self._record_usage(finished)
             if finished.reason == "length":

@@ -247,3 +247,19 @@ async def test_text_only_response(gateway):
     types = {e["type"] for e in events}
     assert "response.output_text.delta" in types and "response.output_audio.delta" not in types
     assert events[-1]["response"]["output"][0]["content"][0]["text"] == "word0 word1 word2 word3 word4 "
+
+
+async def test_engine_failure_fails_the_response_not_the_session(gateway):
+    gateway.engine.fail_after = 2
+    async with await gateway.client() as c:
+        await say(c, "hi")
+        await c.send("response.create")
+        events = await c.until_done()
+        done = events[-1]["response"]
+        assert done["status"] == "failed"
+        assert done["status_details"]["error"]["code"] == "engine_error"
+        assert done["output"][0]["status"] == "incomplete"  # what was streamed is kept, marked cut
+        gateway.engine.fail_after = None
+        await c.send("response.create")
+        events = await c.until_done()
+    assert events[-1]["response"]["status"] == "completed"

@@ -24,6 +24,7 @@ class ScriptedEngine(eng.OmniEngine):
         super().__init__("scripted-model")
         self.words, self.samples_per_word, self.step_s = words, samples_per_word, step_s
         self.tool_call = tool_call
+        self.fail_after: int | None = None  # raise EngineError after this many words
         self.requests: list[eng.GenerationRequest] = []
         self.steps_run = 0
         self.active = 0
@@ -40,6 +41,8 @@ class ScriptedEngine(eng.OmniEngine):
                 yield eng.Finished(reason="tool_calls", input_tokens=10, output_text_tokens=5)
                 return
             for i in range(self.words):
+                if i == self.fail_after:
+                    raise eng.EngineError("scripted failure")
                 await asyncio.sleep(self.step_s)
                 self.steps_run += 1
                 yield eng.TextDelta(f"word{i} ")
