@@ -242,7 +242,7 @@ class RealtimeSession:
         if self._buffered >= MIN_COMMIT_SAMPLES:
             await self._commit_buffer(item_id)
             if td and td.create_response and self._response_task is None:
-                await self._start_response(p.ResponseParams(), event_id=None)
+                await self._start_response(p.ResponseParams())
 
     async def _commit(self, event: p.InputAudioBufferCommit) -> None:
         self._buffer_add(self._resampler.flush())
@@ -319,9 +319,9 @@ class RealtimeSession:
     # ------------------------------------------------------------------ responses
 
     async def _response_create(self, event: p.ResponseCreate) -> None:
-        await self._start_response(event.response or p.ResponseParams(), event.event_id)
+        await self._start_response(event.response or p.ResponseParams())
 
-    async def _start_response(self, params: p.ResponseParams, event_id: str | None) -> None:
+    async def _start_response(self, params: p.ResponseParams) -> None:
         started_at = time.perf_counter()
         if self._response_task is not None:
             raise ClientError("conversation_already_has_active_response",
