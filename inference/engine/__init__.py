@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from .base import (
-    AssistantText, AudioDelta, ContextItem, Delta, EngineError, EngineOverloaded, Finished,
-    GenerationRequest, OmniEngine, SystemText, TextDelta, ToolCall, ToolCallDelta, ToolResult,
+    AssistantText, AudioDelta, ContextItem, Delta, EngineLoad, Finished, GenerationRequest, OmniEngine, SystemText, TextDelta, ToolCall, ToolCallDelta, ToolResult,
     ToolSpec, UserAudio, UserText, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE,
 )
+from .exceptions import ContextLengthExceeded, EngineError, EngineOverloaded
 
 ENGINES = ("reference", "vllm-omni")
 
@@ -23,8 +23,8 @@ def create_engine(name: str, model: str, **options) -> OmniEngine:
 
 
 __all__ = [
-    "AssistantText", "AudioDelta", "ContextItem", "Delta", "EngineError", "EngineOverloaded",
-    "Finished", "GenerationRequest", "OmniEngine", "SystemText", "TextDelta", "ToolCall",
+    "AssistantText", "AudioDelta", "ContextItem", "ContextLengthExceeded", "Delta",
+    "EngineError", "EngineLoad", "EngineOverloaded", "Finished", "GenerationRequest", "OmniEngine", "SystemText", "TextDelta", "ToolCall",
     "ToolCallDelta", "ToolResult", "ToolSpec", "UserAudio", "UserText", "INPUT_SAMPLE_RATE",
     "OUTPUT_SAMPLE_RATE", "ENGINES", "create_engine",
 ]

@@ -1,8 +1,11 @@
 """The engine interface: one conversation in, a stream of deltas out.
 
 The gateway (inference.session) knows nothing about models; an engine knows nothing about
-the wire. The request carries the *whole* conversation every time (engines keep no
-per-session history), so a worker restart loses nothing that a client can replay.
+the wire. The request carries the *whole* conversation every time, so a worker restart loses
+nothing that a client can replay. An engine may keep per-session state between requests (KV
+caches, audio-encoder outputs) under the request's `session_id`, but only as a cache keyed by
+exact content: a request whose context differs from what was cached reuses only the part
+before the first difference, and a request with no cache at all gives the same reply.
 
 Cancellation: closing the async iterator returned by `generate` (or cancelling the task that
 iterates it) must stop engine work within one decode step and release its memory.
@@ -15,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Literal, Union
 
 import numpy as np
+
+from .exceptions import ContextLengthExceeded, EngineError, EngineOverloaded  # noqa: F401  (re-exported)
 
 INPUT_SAMPLE_RATE = 16_000
 OUTPUT_SAMPLE_RATE = 24_000
@@ -78,6 +83,11 @@ class GenerationRequest:
     modalities: tuple[str, ...] = ("audio",)
     voice: str = "Chelsie"
     max_output_tokens: int | None = None
+    #: the conversation this request belongs to; engines scope their caches by it (None: no cache)
+    session_id: str | None = None
+    #: "realtime" replies someone is waiting to hear; "background" work (e.g. transcribing a
+    #: user turn) runs only in what realtime replies leave over
+    priority: Literal["realtime", "background"] = "realtime"
 
 
 # --------------------------------------------------------------------------- deltas
@@ -117,12 +127,12 @@ class Finished:
 Delta = Union[TextDelta, AudioDelta, ToolCallDelta, Finished]
 
 
-class EngineError(RuntimeError):
-    """A generation failed in a way the client should hear about (response status `failed`)."""
-
-
-class EngineOverloaded(EngineError):
-    """The engine cannot take another concurrent generation right now."""
+@dataclass
+class EngineLoad:
+    """How busy the engine is, for `/health` and the agent's load report."""
+    running: int      # replies being generated
+    waiting: int      # replies admitted but waiting for memory
+    capacity: int     # replies the engine's memory holds at once
 
 
 class OmniEngine(abc.ABC):
@@ -142,6 +152,13 @@ class OmniEngine(abc.ABC):
     @abc.abstractmethod
     def generate(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         """Stream the reply. Ends with `Finished` unless cancelled or failed (EngineError)."""
+
+    def load(self) -> EngineLoad | None:
+        """Current load, or None when the engine does not know its capacity."""
+        return None
+
+    def end_session(self, session_id: str) -> None:
+        """The session is gone: drop whatever the engine cached for it. Default: nothing."""
 
     async def close(self) -> None:
         """Release the model. Default: nothing to do."""

@@ -1,0 +1,27 @@
+"""Every error an engine raises to the gateway, in one place.
+
+The gateway maps each to what the client sees: `EngineOverloaded` → error code
+`engine_overloaded`, `ContextLengthExceeded` → `context_length_exceeded` (both before any GPU
+work was spent on the request), any other `EngineError` → `engine_error` (response `failed`).
+"""
+
+from __future__ import annotations
+
+
+class EngineError(RuntimeError):
+    """A generation failed in a way the client should hear about (response status `failed`)."""
+
+
+class EngineOverloaded(EngineError):
+    """The engine cannot take the request: waiting for memory would take longer than its bound."""
+
+
+class ContextLengthExceeded(EngineError):
+    """The conversation (prompt plus the reply's budget) does not fit the model's context."""
+
+    def __init__(self, prompt_tokens: int, limit: int) -> None:
+        super().__init__(
+            f"the conversation is {prompt_tokens} tokens; the model's context holds {limit} "
+            "with room for the reply: delete or truncate earlier items")
+        self.prompt_tokens = prompt_tokens
+        self.limit = limit
