@@ -15,7 +15,7 @@ engine (inference/engine/vllm_omni/) touches:
 
 Instead of a model, `AsyncOmni` plays a `Script` (text pieces, a waveform, usage numbers)
 the way a Qwen pipeline of thinker → talker → code2wav would, and records what it was asked.
-tests/test_vllm_omni_engine.py compares these signatures with the real package wherever
+tests/inference/engine/test_vllm_omni_engine.py compares these signatures with the real package wherever
 that is installed.
 """
 

@@ -23,7 +23,7 @@ from inference.engine.vllm_omni import VllmOmniEngine
 from inference.engine.vllm_omni import prompt as prompts
 from tests.fakes.qwen_omni_processor import Qwen2_5OmniProcessor, Qwen3OmniMoeProcessor
 
-FAKES = Path(__file__).parent / "fakes"
+FAKES = Path(__file__).resolve().parents[2] / "fakes"
 WEATHER = ToolSpec("get_weather", "Current weather in a city",
                    {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
 

@@ -24,7 +24,7 @@ from provider import RealtimeModel, RealtimeSession
 from provider.testing import RecordingSpeaker, SimulatedMicrophone, read_wav
 from tests.conftest import WorkerProcess
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 QUESTION = DATA / "e2e_q1_time.wav"  # "Tell me the time in Paris."
 RECALL = DATA / "e2e_q3_recall.wav"  # "Now tell me what I asked you first."
 # tiny-random's talker may end after a few codes: bound every reply to 2-3 s of speech
