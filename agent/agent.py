@@ -6,7 +6,7 @@
 
 Turn taking runs here, fully offline: silero VAD, LiveKit's local audio turn detector
 (`v1-mini`), VAD interruptions with false-interruption pause and resume. The omni worker only
-generates replies (provider.RealtimeModel, over WebSocket /v1/realtime). Nothing here calls
+generates replies (livekit.plugins.omni.RealtimeModel, over WebSocket /v1/realtime). Nothing here calls
 LiveKit Cloud. Settings come from the environment: see agent/config.py and docs/agent.md.
 """
 
@@ -24,18 +24,18 @@ from pathlib import Path
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 if __package__ in (None, ""):
-    # Run as a script: import our packages (agent, provider) from the repository root, and
-    # keep this directory off the path so `config.py` and friends shadow nothing.
+    # Run as a script from a checkout: import our packages (agent, and the plugin under
+    # provider/) from this checkout, and keep this directory off the path so `config.py` and
+    # friends shadow nothing.
     _here = Path(__file__).resolve().parent
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
-    sys.path.insert(0, str(_here.parent))
+    sys.path[:0] = [str(_here.parent), str(_here.parent / "provider")]
 
 from livekit.agents import Agent, AgentSession, JobContext, JobProcess, WorkerOptions, cli, llm
 from livekit.agents.inference import TurnDetector
 from livekit.local_inference import init_eot
-from livekit.plugins import silero
+from livekit.plugins import omni, silero
 
-import provider
 from agent.barge_in import BargeInGate, SpeechLengthVAD
 from agent.config import AgentSettings
 from agent.room_events import RoomEvents
@@ -72,7 +72,7 @@ def prewarm(proc: JobProcess) -> None:
 
 
 def build_session(config: AgentSettings, vad: SpeechLengthVAD) -> AgentSession:
-    model = provider.RealtimeModel(
+    model = omni.RealtimeModel(
         url=config.omni_url,
         api_key=config.omni_api_key.get_secret_value() if config.omni_api_key else None,
         voice=config.voice,

@@ -35,10 +35,12 @@ from pathlib import Path
 import numpy as np
 from aiohttp import web
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# this checkout's packages first, the plugin (provider/livekit/plugins/omni) included
+_repo = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(_repo), str(_repo / "provider")]
 
 from livekit import rtc  # noqa: E402
-from provider import RealtimeModel, RealtimeSession  # noqa: E402
+from livekit.plugins.omni import RealtimeModel, RealtimeSession  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 
 ROOM_RATE = 24_000

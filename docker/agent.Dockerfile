@@ -3,26 +3,16 @@
 #
 #   docker build -f docker/agent.Dockerfile -t omni-agent .
 #
-# The project's dependencies include torch (the reference engine shares the package). To keep
-# this image smaller, point pip at PyTorch's CPU-only wheel index with
-#   --build-arg PIP_EXTRA_INDEX_URL=<that index>
+# Two distributions: the plugin (provider/, livekit-plugins-omni) and the agent (agent/). No torch.
 # Env: LIVEKIT_URL, LIVEKIT_API_KEY, LIVEKIT_API_SECRET, OMNI_URL, OMNI_API_KEY, AGENT_* (docs/agent.md).
 FROM python:3.11-slim-bookworm
 
 RUN useradd --create-home --uid 1000 agent
 WORKDIR /app
 
-ARG PIP_EXTRA_INDEX_URL=
-ENV PIP_EXTRA_INDEX_URL=${PIP_EXTRA_INDEX_URL}
-COPY pyproject.toml README.md ./
-COPY inference/__init__.py inference/__init__.py
-COPY provider/__init__.py provider/__init__.py
-COPY agent/__init__.py agent/__init__.py
-RUN pip install --no-cache-dir .
-
 COPY provider provider
 COPY agent agent
-RUN pip install --no-cache-dir --no-deps .
+RUN pip install --no-cache-dir ./provider ./agent && rm -rf provider/build agent/build
 
 ENV PYTHONUNBUFFERED=1 \
     OMNI_URL=ws://127.0.0.1:8000/v1/realtime

@@ -20,14 +20,15 @@ WORKDIR /app
 
 # Dependencies first, so code changes do not reinstall torch/vllm.
 ARG EXTRAS=gpu
-COPY pyproject.toml README.md ./
-COPY inference/__init__.py inference/__init__.py
-COPY provider/__init__.py provider/__init__.py
-COPY agent/__init__.py agent/__init__.py
-RUN pip install --no-cache-dir ".${EXTRAS:+[$EXTRAS]}"
+# (the worker is its own distribution, inference/pyproject.toml: only its package files are needed)
+COPY inference/pyproject.toml inference/__init__.py inference/
+COPY inference/engine/__init__.py inference/engine/
+COPY inference/engine/reference/__init__.py inference/engine/reference/
+COPY inference/engine/vllm_omni/__init__.py inference/engine/vllm_omni/
+RUN pip install --no-cache-dir "./inference${EXTRAS:+[$EXTRAS]}" && rm -rf inference/build
 
 COPY inference inference
-RUN pip install --no-cache-dir --no-deps .
+RUN pip install --no-cache-dir --no-deps --force-reinstall ./inference && rm -rf inference/build
 
 ENV HF_HOME=/models \
     OMNI_ENGINE=vllm-omni \

@@ -15,6 +15,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# The plugin's source tree (provider/livekit/plugins/omni) first on the path, so the tests import
+# this checkout's plugin even when another checkout's copy is installed (`livekit` and
+# `livekit.plugins` are namespace packages: this joins them, it shadows nothing else).
+sys.path.insert(0, str(REPO / "provider"))
 # A random talker may hit its end code after a few steps: ask for at least a second of speech
 # so replies always stream in several chunks.
 TINY_ENGINE_ARGS = ("--engine-option", "min_audio_seconds=1.0")

@@ -20,8 +20,8 @@ from livekit.agents import Agent, AgentSession, APIConnectOptions, RunContext, f
 from livekit.agents.voice.run_result import ChatMessageEvent
 from livekit.agents.voice.transcription.synchronizer import TranscriptSynchronizer
 from livekit.plugins import silero
-from provider import RealtimeModel, RealtimeSession
-from provider.testing import RecordingSpeaker, SimulatedMicrophone, read_wav
+from livekit.plugins.omni import RealtimeModel, RealtimeSession
+from livekit.plugins.omni.testing import RecordingSpeaker, SimulatedMicrophone, read_wav
 from tests.conftest import WorkerProcess
 
 DATA = Path(__file__).resolve().parents[1] / "data"

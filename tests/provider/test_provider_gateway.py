@@ -23,7 +23,7 @@ from inference.config import Limits, WorkerSettings
 from inference.server import Worker
 from livekit import rtc
 from livekit.agents import APIConnectOptions, llm
-from provider import RealtimeModel, RealtimeSession
+from livekit.plugins.omni import RealtimeModel, RealtimeSession
 from tests.conftest import free_port
 from tests.support.scripted_engine import ScriptedEngine
 

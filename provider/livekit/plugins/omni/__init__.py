@@ -1,7 +1,7 @@
 """LiveKit Agents plugin for our self-hosted omni worker (`inference/`).
 
-    from provider import RealtimeModel
-    session = AgentSession(llm=RealtimeModel(url="ws://127.0.0.1:8000/v1/realtime"), vad=...)
+    from livekit.plugins import omni
+    session = AgentSession(llm=omni.RealtimeModel(url="ws://127.0.0.1:8000/v1/realtime"), vad=...)
 
 See docs/provider.md.
 """
