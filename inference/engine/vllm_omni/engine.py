@@ -27,15 +27,17 @@ from ..base import (
     OUTPUT_SAMPLE_RATE, AudioDelta, Delta, EngineError, Finished, GenerationRequest, OmniEngine,
     TextDelta, ToolCallDelta, UserAudio, UserText,
 )
-from . import outputs
+from . import outputs, presets
 from . import prompt as prompts
+from .compat import NEWEST, Api
 from ..tool_calls import ToolCallParser
 
 logger = logging.getLogger(__name__)
 
 GPU_EXTRA_HINT = (
-    "the vllm-omni engine needs the `gpu` extra (vllm==0.30.*, vllm-omni==0.30.*) on a machine "
-    "with an NVIDIA GPU: pip install -e '.[gpu]'"
+    "the vllm-omni engine needs vllm and vllm-omni of one release, the one matching your torch, "
+    "on a machine with an NVIDIA GPU: the `gpu` extra (vllm==0.30.*, vllm-omni==0.30.*, torch 2.13) "
+    "or `gpu-torch211` (0.26, torch 2.11); see docs/vllm-omni.md"
 )
 WARMUP_MAX_TOKENS = 8
 ABORT_TIMEOUT_S = 2.0  # what vllm-omni allows its own clean-up abort
@@ -52,6 +54,11 @@ class VllmOmniEngine(OmniEngine):
       deploy config's choice.
     - `max_model_len`: the thinker's context length (conversation + reply, in tokens).
     - `warmup`: run one short generation in `start()` (default True).
+    - `preset`: a named deployment from presets.py, e.g. `one-gpu-voice`; `stage_overrides`
+      go over it.
+    - `dummy_weights`: random weights at the model's shapes (benchmarks; see presets.py).
+    - `stage_sampling`: per-stage sampling settings over the deploy config's defaults,
+      `{"1": {"min_tokens": 200, "max_tokens": 200}}` (benchmarks force reply lengths so).
     """
 
     name = "vllm-omni"
@@ -59,10 +66,14 @@ class VllmOmniEngine(OmniEngine):
 
     def __init__(self, model: str, *, deploy_config: str | None = None,
                  stage_overrides: dict | str | None = None, async_chunk: bool | None = None,
-                 max_model_len: int | None = None, warmup: bool = True) -> None:
+                 max_model_len: int | None = None, warmup: bool = True, preset: str | None = None,
+                 dummy_weights: bool = False, stage_sampling: dict | str | None = None) -> None:
         super().__init__(model)
-        self._omni_kwargs = _async_omni_kwargs(deploy_config, stage_overrides, async_chunk, max_model_len)
+        overrides = presets.stage_overrides(preset, dummy_weights, _stage_dict(stage_overrides, "stage_overrides"))
+        self._omni_kwargs = _async_omni_kwargs(deploy_config, overrides, async_chunk, max_model_len)
+        self._stage_sampling = _stage_dict(stage_sampling, "stage_sampling")
         self._warmup = warmup
+        self._api: Api | None = None
         self._omni: Any = None
         self._prompts: prompts.PromptBuilder | None = None
         self._as_delta_params: Any = None  # vllm_omni's coerce_param_message_types
@@ -71,25 +82,41 @@ class VllmOmniEngine(OmniEngine):
 
     async def start(self) -> None:
         try:
+            import vllm_omni
             from vllm_omni.entrypoints.async_omni import AsyncOmni
             from vllm_omni.entrypoints.utils import coerce_param_message_types
         except ImportError as exc:
             raise ImportError(f"{GPU_EXTRA_HINT} (import failed: {exc})") from exc
+        self._api = Api.of(vllm_omni.__version__)
+        if not self._api.tested:
+            logger.warning("vllm-omni %s is newer than %d.%d, the newest release this engine was checked "
+                           "against; it may still work", self._api.version, *NEWEST)
         self._as_delta_params = coerce_param_message_types
 
         began = time.perf_counter()
         logger.info("vllm-omni: loading the chat template and processor of %s", self.model)
         self._prompts = prompts.PromptBuilder(await asyncio.to_thread(prompts.load_processor, self.model))
-        logger.info("vllm-omni: starting the AsyncOmni stages for %s with %s", self.model, self._omni_kwargs)
+        logger.info("vllm-omni %s: starting the AsyncOmni stages for %s with %s",
+                    self._api.version, self.model, self._omni_kwargs)
         # Construction loads every stage and takes minutes; a thread keeps the event loop (and
         # the worker's /health answers) running meanwhile. AsyncOmni runs its orchestrator on
         # its own thread and loop anyway.
         self._omni = await asyncio.to_thread(AsyncOmni, model=self.model, **self._omni_kwargs)
         logger.info("vllm-omni: %d stages up after %.1f s (async_chunk=%s)",
                     self._omni.num_stages, time.perf_counter() - began, self._omni.async_chunk)
+        self._check_stage_sampling()
         if self._warmup:
             await self._warm_up()
         logger.info("vllm-omni: ready after %.1f s", time.perf_counter() - began)
+
+    def _check_stage_sampling(self) -> None:
+        defaults = self._omni.default_sampling_params_list
+        for stage, settings in self._stage_sampling.items():
+            if int(stage) >= len(defaults):
+                raise ValueError(f"stage_sampling names stage {stage}; the pipeline has {len(defaults)} stages")
+            unknown = [key for key in settings if not hasattr(defaults[int(stage)], key)]
+            if unknown:
+                raise ValueError(f"stage_sampling: stage {stage}'s sampling params have no {', '.join(unknown)}")
 
     async def _warm_up(self) -> None:
         """One short spoken reply to half a second of silence: every stage runs once."""
@@ -156,6 +183,9 @@ class VllmOmniEngine(OmniEngine):
     def _sampling_params(self, request: GenerationRequest) -> list:
         """Each stage's deploy-config defaults, as deltas; the reply length caps the thinker."""
         params = [p.clone() for p in self._omni.default_sampling_params_list]
+        for stage, settings in self._stage_sampling.items():
+            for key, value in settings.items():
+                setattr(params[int(stage)], key, value)
         if request.max_output_tokens is not None:
             params[0].max_tokens = request.max_output_tokens
         return self._as_delta_params(params, is_streaming=True)
@@ -165,7 +195,10 @@ class VllmOmniEngine(OmniEngine):
         # Failures here are logged, never raised: they must not hide why we are stopping.
         if abort:
             try:
-                await self._omni.abort(request_id, timeout=ABORT_TIMEOUT_S)
+                if self._api.abort_takes_timeout:
+                    await self._omni.abort(request_id, timeout=ABORT_TIMEOUT_S)
+                else:  # before 0.30 abort has no timeout
+                    await self._omni.abort(request_id)
             except Exception:
                 logger.exception("vllm-omni: aborting request %s failed", request_id)
         try:
@@ -190,6 +223,7 @@ class _Reply:
         self._talker_tokens = 0
         self._first_text_s: float | None = None
         self._first_audio_s: float | None = None
+        self._audio_samples = 0
 
     def on_text(self, output: Any) -> list[Delta]:
         if output.prompt_token_ids:
@@ -234,13 +268,15 @@ class _Reply:
             return None
         if self._first_audio_s is None:
             self._first_audio_s = time.perf_counter() - self._began
+        self._audio_samples += samples.size
         return AudioDelta(samples.astype(np.float32, copy=False))
 
     def finish(self) -> list[Delta]:
         deltas: list[Delta] = []
         if self._splitter and not self.text_finished:  # the thinker's stream ended without a reason
             deltas += self._deltas(self._splitter.finish())
-        timings = {"total_s": time.perf_counter() - self._began}
+        timings = {"total_s": time.perf_counter() - self._began,
+                   "audio_s": self._audio_samples / OUTPUT_SAMPLE_RATE}
         if self._first_text_s is not None:
             timings["first_text_s"] = self._first_text_s
         if self._first_audio_s is not None:
@@ -257,14 +293,22 @@ class _Reply:
         return deltas
 
 
-def _async_omni_kwargs(deploy_config: str | None, stage_overrides: dict | str | None,
-                       async_chunk: bool | None, max_model_len: int | None) -> dict[str, Any]:
-    if isinstance(stage_overrides, str):
+def _stage_dict(value: dict | str | None, name: str) -> dict[str, dict[str, Any]]:
+    """`{"1": {...}}` from a dict or its JSON text (as `--engine-option` passes it)."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
         try:
-            stage_overrides = json.loads(stage_overrides)
+            value = json.loads(value)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"stage_overrides is not valid JSON: {exc}") from exc
-    overrides = {str(stage): dict(settings) for stage, settings in (stage_overrides or {}).items()}
+            raise ValueError(f"{name} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict) or not all(str(k).isdigit() and isinstance(v, dict) for k, v in value.items()):
+        raise ValueError(f'{name} wants {{"STAGE": {{"key": value}}}}, got {value!r}')
+    return {str(stage): dict(settings) for stage, settings in value.items()}
+
+
+def _async_omni_kwargs(deploy_config: str | None, overrides: dict[str, dict[str, Any]],
+                       async_chunk: bool | None, max_model_len: int | None) -> dict[str, Any]:
     if max_model_len is not None:
         overrides.setdefault("0", {})["max_model_len"] = max_model_len
     kwargs: dict[str, Any] = {}

@@ -1,4 +1,8 @@
-"""A small fake of vllm-omni 0.30.0 (the PyPI wheel), for tests on machines without a GPU.
+"""A small fake of vllm-omni 0.26.0, 0.28.0 and 0.30.0 (the PyPI wheels), for tests without a GPU.
+
+Which release it plays is read from `FAKE_VLLM_OMNI_VERSION` at import (default 0.30.0);
+tests/test_vllm_omni_engine.py runs every engine test against each. Where the releases
+differ (see inference/engine/vllm_omni/compat.py) the fake has each one's real signature.
 
 Same import paths, names, signatures and output shapes as the real package, for what our
 engine (inference/engine/vllm_omni/) touches:
@@ -19,4 +23,10 @@ tests/inference/engine/test_vllm_omni_engine.py compares these signatures with t
 that is installed.
 """
 
-__version__ = "0.30.0"
+import os
+
+RELEASES = ("0.26.0", "0.28.0", "0.30.0")
+__version__ = os.environ.get("FAKE_VLLM_OMNI_VERSION", RELEASES[-1])
+if __version__ not in RELEASES:
+    raise ImportError(f"the fake vllm_omni plays {', '.join(RELEASES)}, not {__version__}")
+RELEASE = tuple(int(part) for part in __version__.split(".")[:2])

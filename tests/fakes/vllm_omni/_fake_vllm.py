@@ -1,13 +1,14 @@
 """Stand-ins for the vLLM 0.30 classes vllm-omni's outputs and defaults are made of.
 
-Real: `vllm.sampling_params.SamplingParams` / `RequestOutputKind`, `vllm.outputs.CompletionOutput`.
+Real: `vllm.sampling_params.SamplingParams` / `RequestOutputKind`, `vllm.outputs.CompletionOutput`
+and `RequestOutput` (which vllm-omni 0.26's outputs wrap).
 Only the fields the engine and the fake use are here, with the real names and defaults.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -25,6 +26,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     max_tokens: int | None = 16
+    min_tokens: int = 0
     repetition_penalty: float = 1.0
     detokenize: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
@@ -48,3 +50,12 @@ class CompletionOutput:
 
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: Any = None
+    prompt_token_ids: list[int] | None = None
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    finished: bool = False

@@ -1,5 +1,5 @@
-"""The vllm-omni engine against a fake vllm-omni 0.30 (tests/fakes/vllm_omni), and the fake
-against the real package where that is installed (a GPU machine)."""
+"""The vllm-omni engine against a fake vllm-omni of each supported release (0.26, 0.28, 0.30;
+tests/fakes/vllm_omni), and the fake against the real package where that is installed."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import os
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -20,6 +21,7 @@ from inference.engine import (
     ToolResult, ToolSpec, UserAudio, UserText, create_engine,
 )
 from inference.engine.vllm_omni import VllmOmniEngine
+from inference.engine.vllm_omni import compat, presets
 from inference.engine.vllm_omni import prompt as prompts
 from tests.fakes.qwen_omni_processor import Qwen2_5OmniProcessor, Qwen3OmniMoeProcessor
 
@@ -33,9 +35,13 @@ def _forget_vllm_omni() -> None:
         del sys.modules[name]
 
 
-@pytest.fixture
-def fake_omni(monkeypatch):
-    """Puts the fake vllm_omni on the import path; yields its module `async_omni`."""
+FAKE_RELEASES = ("0.26.0", "0.28.0", "0.30.0")
+
+
+@pytest.fixture(params=FAKE_RELEASES)
+def fake_omni(request, monkeypatch):
+    """Puts the fake vllm_omni of one release on the import path; yields its module `async_omni`."""
+    monkeypatch.setenv("FAKE_VLLM_OMNI_VERSION", request.param)
     for name in [m for m in sys.modules if m == "vllm_omni" or m.startswith("vllm_omni.")]:
         monkeypatch.delitem(sys.modules, name)  # a real one comes back after the test
     monkeypatch.syspath_prepend(str(FAKES))
@@ -277,7 +283,8 @@ async def test_finished_reports_usage_and_timings(fake_omni):
     assert isinstance(finished, Finished)
     assert (finished.reason, finished.input_tokens, finished.input_audio_tokens) == ("stop", 6, 3)
     assert (finished.output_text_tokens, finished.output_audio_tokens) == (3, 57)
-    assert set(finished.timings) == {"first_text_s", "first_audio_s", "total_s"}
+    assert set(finished.timings) == {"first_text_s", "first_audio_s", "total_s", "audio_s"}
+    assert finished.timings["audio_s"] == omni.script.audio.size / 24_000
     assert 0 <= finished.timings["first_text_s"] <= finished.timings["first_audio_s"] <= finished.timings["total_s"]
 
 
@@ -319,15 +326,101 @@ async def test_generate_before_start_is_an_engine_error():
 async def test_missing_vllm_omni_names_the_gpu_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm_omni", None)  # import fails, installed or not
     engine = create_engine("vllm-omni", "Qwen/Qwen2.5-Omni-7B")
-    with pytest.raises(ImportError, match=r"`gpu` extra .*vllm-omni==0\.30\.\*"):
+    with pytest.raises(ImportError, match=r"`gpu` extra \(vllm==0\.30\.\*, vllm-omni==0\.30\.\*, torch 2\.13\) "
+                                          r"or `gpu-torch211` \(0\.26, torch 2\.11\)"):
         await engine.start()
+
+
+# --------------------------------------------------------------------------- releases, presets
+
+
+async def test_abort_is_called_the_way_the_installed_release_takes_it(fake_omni, caplog):
+    """0.26 and 0.28 reject abort(..., timeout=...): a gate, not a logged TypeError per reply."""
+    engine, omni = await started()
+    stream = engine.generate(request(request_id="resp_cut"))
+    await anext(stream)
+    await stream.aclose()
+    assert omni.aborted == ["resp_cut"]
+    assert "aborting request" not in caplog.text
+
+
+@pytest.mark.parametrize("version", ["0.24.0", "0.20.1"])
+async def test_a_release_older_than_supported_is_refused_at_start(fake_omni, monkeypatch, version):
+    import vllm_omni
+
+    monkeypatch.setattr(vllm_omni, "__version__", version)
+    with pytest.raises(RuntimeError, match=rf"vllm-omni {version} is older than 0\.26"):
+        await started()
+
+
+async def test_a_newer_release_starts_with_a_warning(fake_omni, monkeypatch, caplog):
+    import vllm_omni
+
+    monkeypatch.setattr(vllm_omni, "__version__", "0.32.0")
+    engine, _ = await started()
+    assert "newer than 0.30" in caplog.text
+    assert "".join(d.text for d in await collect(engine.generate(request())) if isinstance(d, TextDelta))
+
+
+def test_release_numbers():
+    assert compat.release("0.30.1rc2") == (0, 30) and compat.release("0.26.0+cu130") == (0, 26)
+    assert not compat.Api.of("0.26.0").abort_takes_timeout and not compat.Api.of("0.28.0").abort_takes_timeout
+    assert compat.Api.of("0.30.0").abort_takes_timeout and compat.Api.of("0.32.0").abort_takes_timeout
+    with pytest.raises(ValueError, match="cannot read"):
+        compat.release("latest")
+
+
+async def test_one_gpu_preset_puts_every_stage_on_gpu_0_under_the_users_overrides(fake_omni):
+    _, omni = await started(preset="one-gpu-voice", stage_overrides={"0": {"max_num_seqs": 8}})
+    stages = omni.kwargs["stage_overrides"]
+    assert {stages[s]["devices"] for s in ("0", "1", "2")} == {"0"}
+    assert sum(stages[s]["gpu_memory_utilization"] for s in ("0", "1", "2")) <= 0.8
+    assert stages["0"]["limit_mm_per_prompt"] == {"audio": 4, "image": 0, "video": 0}
+    assert stages["0"]["max_num_seqs"] == 8  # the user's value wins
+    assert stages["1"]["max_num_seqs"] > 1 and stages["2"]["max_num_seqs"] > 1
+    assert "load_format" not in stages["0"]
+    assert presets.PRESETS["one-gpu-voice"]["0"]["max_num_seqs"] == 16  # the preset itself is untouched
+
+
+async def test_dummy_weights_load_every_stage_at_random_and_code2wav_in_float32(fake_omni):
+    _, omni = await started(dummy_weights=True, max_model_len=4096)
+    stages = omni.kwargs["stage_overrides"]
+    assert {stages[s]["load_format"] for s in ("0", "1", "2")} == {"dummy"}
+    assert stages["2"]["dtype"] == "float32"
+    assert stages["0"]["max_model_len"] == 4096
+
+
+def test_an_unknown_preset_or_malformed_stage_settings_are_refused():
+    with pytest.raises(ValueError, match="unknown vllm-omni preset 'two-gpus'; known: one-gpu-voice"):
+        VllmOmniEngine("m", preset="two-gpus")
+    with pytest.raises(ValueError, match="stage_overrides wants"):
+        VllmOmniEngine("m", stage_overrides='{"talker": {"devices": "0"}}')
+    with pytest.raises(ValueError, match="stage_sampling is not valid JSON"):
+        VllmOmniEngine("m", stage_sampling="{1: 2}")
+
+
+async def test_stage_sampling_goes_over_each_stages_defaults(fake_omni):
+    engine, omni = await started(stage_sampling='{"1": {"min_tokens": 200, "max_tokens": 200}}')
+    await collect(engine.generate(request(max_output_tokens=40)))
+    thinker, talker, _ = omni.calls[-1].sampling_params_list
+    assert (talker.min_tokens, talker.max_tokens, thinker.max_tokens) == (200, 200, 40)
+    assert omni.default_sampling_params_list[1].max_tokens == 2048
+
+
+@pytest.mark.parametrize("settings, error", [
+    ({"5": {"max_tokens": 1}}, "names stage 5; the pipeline has 3 stages"),
+    ({"1": {"max_tokenz": 1}}, "have no max_tokenz"),
+])
+async def test_stage_sampling_naming_what_does_not_exist_fails_the_start(fake_omni, settings, error):
+    with pytest.raises(ValueError, match=error):
+        await started(stage_sampling=settings)
 
 
 # --------------------------------------------------------------------------- fake vs real
 
 
-def _load_real_and_fake(module_names: list[str]) -> tuple[list, list]:
-    """The same modules from the real vllm_omni and from the fake.
+def _load_real_and_fake(module_names: list[str], release: str) -> tuple[list, list]:
+    """The same modules from the real vllm_omni and from the fake playing `release`.
 
     The real modules stay imported afterwards: importing them twice would register their
     Prometheus metrics twice.
@@ -335,9 +428,11 @@ def _load_real_and_fake(module_names: list[str]) -> tuple[list, list]:
     real = [importlib.import_module(m) for m in module_names]
     real_modules = {m: sys.modules.pop(m) for m in list(sys.modules) if m == "vllm_omni" or m.startswith("vllm_omni.")}
     sys.path.insert(0, str(FAKES))
+    os.environ["FAKE_VLLM_OMNI_VERSION"] = release
     try:
         fake = [importlib.import_module(m) for m in module_names]
     finally:
+        del os.environ["FAKE_VLLM_OMNI_VERSION"]
         sys.path.remove(str(FAKES))
         _forget_vllm_omni()
         sys.modules.update(real_modules)
@@ -352,16 +447,23 @@ def _shape(func) -> list[tuple]:
 @pytest.mark.skipif(importlib.util.find_spec("vllm_omni") is None or importlib.util.find_spec("vllm") is None,
                     reason="the real vllm-omni is not installed (needs the gpu extra)")
 def test_fake_matches_the_installed_vllm_omni():
+    """Whichever supported release is installed, the fake of that release has its signatures."""
     import vllm
-    from vllm.outputs import CompletionOutput
+    import vllm_omni
+    from vllm.outputs import CompletionOutput, RequestOutput
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
-    assert vllm.__version__.startswith("0.30."), "the fake mirrors vllm 0.30; update it with the pin"
+    installed = vllm_omni.__version__
+    release = next((r for r in FAKE_RELEASES if compat.release(r) == compat.release(installed)), None)
+    assert release is not None, f"no fake of vllm-omni {installed}: add it (tests/fakes/vllm_omni) with the pin"
+    assert compat.release(vllm.__version__) == compat.release(installed), \
+        f"vllm {vllm.__version__} and vllm-omni {installed} are not one release"
     names = ["vllm_omni", "vllm_omni.entrypoints.async_omni", "vllm_omni.entrypoints.utils",
              "vllm_omni.outputs", "vllm_omni.outputs.mm_outputs"]
     (real_pkg, real_omni, real_utils, real_out, real_mm), (fake_pkg, fake_omni, fake_utils, fake_out, fake_mm) = \
-        _load_real_and_fake(names)
-    assert real_pkg.__version__.startswith("0.30."), "the fake mirrors vllm-omni 0.30; update it with the pin"
+        _load_real_and_fake(names, release)
+    assert fake_pkg.__version__ == release
+    assert compat.Api.of(installed).abort_takes_timeout == ("timeout" in inspect.signature(real_omni.AsyncOmni.abort).parameters)
 
     for method in ("__init__", "generate", "abort", "shutdown"):
         assert _shape(getattr(fake_omni.AsyncOmni, method)) == _shape(getattr(real_omni.AsyncOmni, method)), method
@@ -384,6 +486,7 @@ def test_fake_matches_the_installed_vllm_omni():
         assert getattr(real_default, "name", real_default) == getattr(f.default, "name", f.default), f.name
     real_completion = {f.name for f in fields(CompletionOutput)}
     assert {f.name for f in fields(fake_vllm.CompletionOutput)} <= real_completion
+    assert {f.name for f in fields(fake_vllm.RequestOutput)} <= set(inspect.signature(RequestOutput.__init__).parameters)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm_omni") is None or importlib.util.find_spec("vllm") is None,

@@ -1,7 +1,10 @@
-"""Mirrors vllm_omni/entrypoints/async_omni.py (0.30.0): `AsyncOmni`, playing a script.
+"""Mirrors vllm_omni/entrypoints/async_omni.py (0.26.0, 0.28.0, 0.30.0): `AsyncOmni`, playing a script.
 
 What the real one does and this fake copies:
-- `AsyncOmni(model, **kwargs)`: kwargs such as `deploy_config`, `stage_overrides`,
+- Where releases differ, each one's signature: before 0.30 `__init__(*args, model="", **kwargs)`,
+  `generate` without `session_id` and `abort(request_id)` without `timeout` (calling it with
+  one is a TypeError, as on a real 0.26).
+- `AsyncOmni(model=..., **kwargs)`: kwargs such as `deploy_config`, `stage_overrides`,
   `async_chunk` pick the deployment; `async_chunk` is what the deploy config resolved to.
 - `generate(prompt, sampling_params=None, request_id="", *, sampling_params_list=...,
   output_modalities=...)` is an async generator of `OmniRequestOutput`s from the final-output
@@ -26,7 +29,8 @@ import numpy as np
 import torch
 
 from .._fake_vllm import CompletionOutput, RequestOutputKind, SamplingParams
-from ..outputs import OmniRequestOutput
+from .. import RELEASE
+from ..outputs import OmniRequestOutput, pipeline_output
 from ..outputs.mm_outputs import MultimodalCompletionOutput, MultimodalPayload
 
 
@@ -59,8 +63,10 @@ class GenerateCall:
 THINKER, TALKER, CODE2WAV = 0, 1, 2
 
 
-class AsyncOmni:
-    instances: list["AsyncOmni"] = []  # every fake built, newest last (for tests to reach it)
+class AsyncOmni030:
+    """0.30's signatures."""
+
+    instances: list["AsyncOmni030"] = []  # every fake built, newest last (for tests to reach it)
 
     def __init__(self, model: str = "", *args: Any, **kwargs: Any) -> None:
         self.model = model
@@ -77,7 +83,7 @@ class AsyncOmni:
         self.aborted: list[str] = []
         self.is_shut_down = False
         self._abort_signals: dict[str, asyncio.Event] = {}
-        AsyncOmni.instances.append(self)
+        AsyncOmni030.instances.append(self)
 
     @property
     def num_stages(self) -> int:
@@ -128,6 +134,9 @@ class AsyncOmni:
             del self._abort_signals[request_id]
 
     async def abort(self, request_id: str | Iterable[str], *, timeout: float | None = None) -> None:
+        self._abort(request_id)
+
+    def _abort(self, request_id: str | Iterable[str]) -> None:
         for rid in [request_id] if isinstance(request_id, str) else list(request_id):
             self.aborted.append(rid)
             if rid in self._abort_signals:
@@ -135,6 +144,40 @@ class AsyncOmni:
 
     def shutdown(self, timeout: float | None = None) -> None:
         self.is_shut_down = True
+
+
+class AsyncOmni026(AsyncOmni030):
+    """0.26's and 0.28's signatures: model keyword-only after *args, no session_id, no abort timeout."""
+
+    def __init__(self, *args: Any, model: str = "", **kwargs: Any) -> None:
+        super().__init__(model, *args, **kwargs)
+
+    def generate(
+        self,
+        prompt: Any,
+        sampling_params: Any = None,
+        request_id: str = "",
+        *,
+        prompt_text: str | None = None,
+        lora_request: Any = None,
+        tokenization_kwargs: dict[str, Any] | None = None,
+        sampling_params_list: Sequence[Any] | None = None,
+        output_modalities: list[str] | None = None,
+        trace_headers: Mapping[str, str] | None = None,
+        priority: int = 0,
+        data_parallel_rank: int | None = None,
+        reasoning_ended: bool | None = None,
+        reasoning_parser_kwargs: dict[str, Any] | None = None,
+        arrival_time: float | None = None,
+    ) -> AsyncGenerator[OmniRequestOutput, None]:
+        return super().generate(prompt, sampling_params, request_id, sampling_params_list=sampling_params_list,
+                                output_modalities=output_modalities)
+
+    async def abort(self, request_id: str | Iterable[str]) -> None:
+        self._abort(request_id)
+
+
+AsyncOmni = AsyncOmni026 if RELEASE < (0, 30) else AsyncOmni030
 
 
 def _play(script: Script, params: list, request_id: str, wants_audio: bool, async_chunk: bool):
@@ -157,8 +200,8 @@ def _play(script: Script, params: list, request_id: str, wants_audio: bool, asyn
         done = MultimodalCompletionOutput(
             multimodal_output=payload, index=0, text="", token_ids=[], cumulative_logprob=None,
             logprobs=None, finish_reason="stop" if last else None)
-        return OmniRequestOutput(request_id=request_id, outputs=[done], finished=last, stage_id=CODE2WAV,
-                                 final_output_type="audio", metrics=metrics)
+        return pipeline_output(request_id=request_id, outputs=[done], finished=last, stage_id=CODE2WAV,
+                               final_output_type="audio", metrics=metrics)
 
     for i, token in enumerate(tokens):
         last = i == len(tokens) - 1
@@ -169,8 +212,8 @@ def _play(script: Script, params: list, request_id: str, wants_audio: bool, asyn
         if thinker.output_kind != RequestOutputKind.FINAL_ONLY or last:
             done = CompletionOutput(index=0, text=text, token_ids=token_ids, cumulative_logprob=None,
                                     logprobs=None, finish_reason=finish_reason if last else None)
-            yield OmniRequestOutput(request_id=request_id, prompt_token_ids=list(script.prompt_token_ids),
-                                    outputs=[done], finished=last, stage_id=THINKER, final_output_type="text")
+            yield pipeline_output(request_id=request_id, prompt_token_ids=list(script.prompt_token_ids),
+                                  outputs=[done], finished=last, stage_id=THINKER, final_output_type="text")
         if async_chunk and chunks and not last:  # streamed speech keeps pace with the text
             yield audio_output(chunks.pop(0), last=not chunks)
     while chunks:
@@ -189,6 +232,6 @@ def _aborted_output(request_id: str, final_output_type: str) -> OmniRequestOutpu
     """The last output of an aborted request, from its final stage."""
     done = CompletionOutput(index=0, text="", token_ids=[], cumulative_logprob=None, logprobs=None,
                             finish_reason="abort")
-    return OmniRequestOutput(request_id=request_id, outputs=[done], finished=True,
-                             stage_id=CODE2WAV if final_output_type == "audio" else THINKER,
-                             final_output_type=final_output_type)
+    return pipeline_output(request_id=request_id, outputs=[done], finished=True,
+                           stage_id=CODE2WAV if final_output_type == "audio" else THINKER,
+                           final_output_type=final_output_type)
