@@ -224,11 +224,12 @@ class _Reply:
         self._first_text_s: float | None = None
         self._first_audio_s: float | None = None
         self._audio_samples = 0
+        self._stage_seconds: dict[str, float] = {}  # where the time went, from vllm-omni's metrics
 
     def on_text(self, output: Any) -> list[Delta]:
         if output.prompt_token_ids:
             self._prompt_token_ids = list(output.prompt_token_ids)
-        self._talker_tokens = max(self._talker_tokens, outputs.talker_tokens(output))
+        self._note_metrics(output)
         done = outputs.completion(output)
         if done is None:
             return []
@@ -255,8 +256,13 @@ class _Reply:
                 deltas.append(TextDelta(piece))
         return deltas
 
-    def on_audio(self, output: Any) -> AudioDelta | None:
+    def _note_metrics(self, output: Any) -> None:
         self._talker_tokens = max(self._talker_tokens, outputs.talker_tokens(output))
+        for stage, seconds in outputs.stage_seconds(output).items():
+            self._stage_seconds[stage] = max(self._stage_seconds.get(stage, 0.0), seconds)
+
+    def on_audio(self, output: Any) -> AudioDelta | None:
+        self._note_metrics(output)
         if self.tool_calls:
             return None  # speech of a tool call's JSON is not for the listener
         samples, rate = outputs.audio_samples(output)
@@ -276,7 +282,8 @@ class _Reply:
         if self._splitter and not self.text_finished:  # the thinker's stream ended without a reason
             deltas += self._deltas(self._splitter.finish())
         timings = {"total_s": time.perf_counter() - self._began,
-                   "audio_s": self._audio_samples / OUTPUT_SAMPLE_RATE}
+                   "audio_s": self._audio_samples / OUTPUT_SAMPLE_RATE,
+                   **{f"{stage}_s": seconds for stage, seconds in self._stage_seconds.items()}}
         if self._first_text_s is not None:
             timings["first_text_s"] = self._first_text_s
         if self._first_audio_s is not None:

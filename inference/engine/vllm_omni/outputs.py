@@ -41,11 +41,20 @@ def audio_samples(output: Any) -> tuple[np.ndarray, int]:
     return np.concatenate([_to_float32(c) for c in chunks] or [np.zeros(0, np.float32)]), rate
 
 
+def _stage_metrics(output: Any) -> list[dict]:
+    metrics = output.metrics if isinstance(output.metrics, dict) else {}
+    return [s for s in metrics.get("stage_metrics", {}).values() if isinstance(s, dict)]
+
+
 def talker_tokens(output: Any) -> int:
     """Codec tokens the talker produced so far, from the request's per-stage metrics."""
-    metrics = output.metrics if isinstance(output.metrics, dict) else {}
-    stages = metrics.get("stage_metrics", {})
-    return sum(int(s.get("num_tokens_out", 0)) for s in stages.values() if s.get("stage_name") == "talker")
+    return sum(int(s.get("num_tokens_out", 0)) for s in _stage_metrics(output) if s.get("stage_name") == "talker")
+
+
+def stage_seconds(output: Any) -> dict[str, float]:
+    """Generation time of each stage so far, by stage name ("thinker", "talker", "code2wav")."""
+    return {s["stage_name"]: float(s["stage_gen_time_ms"]) / 1000 for s in _stage_metrics(output)
+            if "stage_name" in s and "stage_gen_time_ms" in s}
 
 
 def _to_float32(chunk: Any) -> np.ndarray:

@@ -283,7 +283,9 @@ async def test_finished_reports_usage_and_timings(fake_omni):
     assert isinstance(finished, Finished)
     assert (finished.reason, finished.input_tokens, finished.input_audio_tokens) == ("stop", 6, 3)
     assert (finished.output_text_tokens, finished.output_audio_tokens) == (3, 57)
-    assert set(finished.timings) == {"first_text_s", "first_audio_s", "total_s", "audio_s"}
+    assert set(finished.timings) == {"first_text_s", "first_audio_s", "total_s", "audio_s",
+                                     "thinker_s", "talker_s", "code2wav_s"}
+    assert (finished.timings["thinker_s"], finished.timings["talker_s"]) == (0.0125, 0.25)
     assert finished.timings["audio_s"] == omni.script.audio.size / 24_000
     assert 0 <= finished.timings["first_text_s"] <= finished.timings["first_audio_s"] <= finished.timings["total_s"]
 
@@ -517,10 +519,10 @@ def test_engine_reads_real_output_objects():
     payload = MultimodalPayload.from_dict({"audio": chunks, "sr": torch.tensor(16_000)})
     audio = OmniRequestOutput(
         request_id="r", finished=False, stage_id=2, final_output_type="audio",
-        metrics={"stage_metrics": {"1": {"stage_name": "talker", "num_tokens_out": 12}}},
+        metrics={"stage_metrics": {"1": {"stage_name": "talker", "num_tokens_out": 12, "stage_gen_time_ms": 80.0}}},
         outputs=[MultimodalCompletionOutput(multimodal_output=payload, index=0, text="", token_ids=[],
                                             cumulative_logprob=None, logprobs=None)])
     samples, rate = outputs.audio_samples(audio)
     assert outputs.is_audio(audio) and rate == 16_000
     np.testing.assert_array_equal(samples, [1, 1, 1, 1, 0, 0])
-    assert outputs.talker_tokens(audio) == 12
+    assert outputs.talker_tokens(audio) == 12 and outputs.stage_seconds(audio) == {"talker": 0.08}

@@ -195,8 +195,11 @@ def _play(script: Script, params: list, request_id: str, wants_audio: bool, asyn
         payload = MultimodalPayload(tensors={"audio": torch.from_numpy(shown.copy())})
         if script.sample_rate is not None:
             payload.metadata["sr"] = script.sample_rate
-        metrics = {"stage_metrics": {str(TALKER): {"stage_id": TALKER, "stage_name": "talker",
-                                                   "num_tokens_out": script.talker_tokens}}} if last else {}
+        metrics = {"stage_metrics": {
+            str(stage): {"stage_id": stage, "stage_name": name, "num_tokens_out": count, "stage_gen_time_ms": ms}
+            for stage, name, count, ms in ((THINKER, "thinker", len(tokens), 12.5),
+                                            (TALKER, "talker", script.talker_tokens, 250.0),
+                                            (CODE2WAV, "code2wav", 0, 40.0))}} if last else {}
         done = MultimodalCompletionOutput(
             multimodal_output=payload, index=0, text="", token_ids=[], cumulative_logprob=None,
             logprobs=None, finish_reason="stop" if last else None)
