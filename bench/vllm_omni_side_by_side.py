@@ -118,11 +118,22 @@ async def reference_half(args, model_dir: Path) -> dict:
     return {"startup_s": startup_s, "weights_built_s": built_s, "levels": levels}
 
 
+# Token ids vllm-omni 0.26's Qwen2.5-Omni reads from the thinker config (the released
+# checkpoint's config.json has them all; transformers' defaults lack the vision ones).
+THINKER_TOKEN_IDS = {"vision_start_token_id": "<|vision_bos|>", "vision_end_token_id": "<|vision_eos|>",
+                     "audio_start_token_id": "<|audio_bos|>", "audio_end_token_id": "<|audio_eos|>",
+                     "audio_token_index": "<|AUDIO|>", "image_token_index": "<|IMAGE|>",
+                     "video_token_index": "<|VIDEO|>"}
+
+
 def write_model_folder(loaded, model_dir: Path) -> None:
     """What vllm-omni reads besides weights: config, processor (tokenizer, chat template), speakers."""
     model_dir.mkdir(parents=True, exist_ok=True)
     config = loaded.model.config
     config.architectures = ["Qwen2_5OmniForConditionalGeneration"]
+    tokenizer = loaded.processor.tokenizer
+    for key, token in THINKER_TOKEN_IDS.items():
+        setattr(config.thinker_config, key, tokenizer.convert_tokens_to_ids(token))
     config.save_pretrained(model_dir)
     loaded.processor.save_pretrained(model_dir)
     speakers = {name: {key: value.cpu() if torch.is_tensor(value) else value for key, value in voice.items()}

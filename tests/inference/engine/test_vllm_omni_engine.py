@@ -336,7 +336,7 @@ async def test_missing_vllm_omni_names_the_gpu_extra(monkeypatch):
 # --------------------------------------------------------------------------- releases, presets
 
 
-async def test_abort_is_called_the_way_the_installed_release_takes_it(fake_omni, caplog):
+async def test_abort_is_called_as_each_release_takes_it(fake_omni, caplog):
     """0.26 and 0.28 reject abort(..., timeout=...): a gate, not a logged TypeError per reply."""
     engine, omni = await started()
     stream = engine.generate(request(request_id="resp_cut"))
@@ -496,13 +496,22 @@ def test_fake_matches_the_installed_vllm_omni():
 def test_engine_reads_real_output_objects():
     """The objects the real pipeline yields, built as its output processor builds them."""
     import torch
-    from vllm.outputs import CompletionOutput
+    from vllm.outputs import CompletionOutput, RequestOutput
     from vllm.sampling_params import RequestOutputKind, SamplingParams
     from vllm_omni.entrypoints.utils import coerce_param_message_types
-    from vllm_omni.outputs import OmniRequestOutput
+    from vllm_omni.outputs import OmniRequestOutput as RealOutput
     from vllm_omni.outputs.mm_outputs import MultimodalCompletionOutput, MultimodalPayload
 
     from inference.engine.vllm_omni import outputs
+
+    def OmniRequestOutput(*, request_id, finished, outputs, prompt_token_ids=None, **pipeline):  # noqa: N802
+        """0.28+: the output is a RequestOutput; 0.26: it wraps one."""
+        if "request_output" not in {f.name for f in fields(RealOutput)}:
+            return RealOutput(request_id=request_id, finished=finished, outputs=outputs,
+                              prompt_token_ids=prompt_token_ids, **pipeline)
+        inner = RequestOutput(request_id=request_id, prompt=None, prompt_token_ids=prompt_token_ids,
+                              prompt_logprobs=None, outputs=outputs, finished=finished)
+        return RealOutput(request_id=request_id, finished=finished, request_output=inner, **pipeline)
 
     defaults = [SamplingParams(max_tokens=2048), SamplingParams(max_tokens=2048)]
     params = coerce_param_message_types([p.clone() for p in defaults], is_streaming=True)
@@ -513,7 +522,7 @@ def test_engine_reads_real_output_objects():
                              final_output_type="text",
                              outputs=[CompletionOutput(index=0, text="Hi", token_ids=[7], cumulative_logprob=None,
                                                        logprobs=None)])
-    assert outputs.is_text(text) and outputs.completion(text).text == "Hi"
+    assert outputs.is_text(text) and outputs.completion(text).text == "Hi" and text.prompt_token_ids == [1, 2]
 
     chunks = [torch.ones(1, 4), torch.zeros(1, 2)]  # two chunks landed between two outputs
     payload = MultimodalPayload.from_dict({"audio": chunks, "sr": torch.tensor(16_000)})
