@@ -39,7 +39,8 @@ def test_root_installs_the_union_of_the_three_distributions() -> None:
     assert parts <= root, f"the root pyproject lacks {sorted(parts - root)}"
     extra = names(root - parts)
     assert extra <= {"livekit-api"}, f"the root pyproject has requirements no part declares: {sorted(extra)}"
-    assert requirements(".", "gpu") == requirements("inference", "gpu")
+    for gpu in ("gpu", "gpu-torch211"):
+        assert requirements(".", gpu) == requirements("inference", gpu)
 
 
 def test_plugin_and_agent_depend_on_nothing_heavy() -> None:
