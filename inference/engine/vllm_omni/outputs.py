@@ -1,4 +1,7 @@
-"""Read what we need out of vllm-omni's `OmniRequestOutput` (vllm-omni 0.30).
+"""Read what we need out of vllm-omni's `OmniRequestOutput` (0.26, 0.28, 0.30).
+
+0.26's wraps a vLLM RequestOutput and 0.28's is one, but both read the same through
+`outputs`, `prompt_token_ids`, `multimodal_output` and `metrics`, which is all this uses.
 
 `AsyncOmni.generate` yields one `OmniRequestOutput` per step of each *final-output* stage:
 the thinker (`final_output_type == "text"`) and code2wav (`"audio"`). With
@@ -6,6 +9,7 @@ the thinker (`final_output_type == "text"`) and code2wav (`"audio"`). With
 previous one: `outputs[0].text` / `.token_ids` for the thinker, and
 `multimodal_output["audio"]` (a tensor, or a list of tensors when several chunks landed
 between two outputs) for code2wav, with an optional `"sr"` sample rate (24 kHz when absent).
+`metrics["stage_metrics"]` holds each stage's counts and generation time so far.
 """
 
 from __future__ import annotations
