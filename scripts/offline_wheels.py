@@ -6,9 +6,10 @@ Run where PyPI is reachable. Give the target's Python version, platform and `pip
     python scripts/offline_wheels.py --python-version 3.12 --platform manylinux_2_39_x86_64 \\
         --freeze target-freeze.txt --split-mb 60 --out offline/ 'vllm==0.26.*' 'vllm-omni==0.26.*'
 
-1. pip resolves the requirements for the target (`pip install --dry-run --report`, binary
-   wheels only, the target's tags), held to the versions the target already has (its freeze,
-   as constraints).
+1. pip plans an install onto the target (`pip install --dry-run --report`, binary wheels
+   only, the target's tags), in an environment where the target's freeze is what is
+   installed (metadata-only stand-ins): what the target has and the requirements accept is
+   kept, and only what they need changed (added, upgraded or downgraded) is planned.
 2. What the target already has at that version is dropped; the rest is downloaded
    (`pip download --no-deps`) and checked against the hashes pip resolved.
 3. Files larger than `--split-mb` are cut into numbered parts (some transfer paths have a size
@@ -84,9 +85,26 @@ def read_freeze(text: str) -> dict[str, str]:
     return installed
 
 
-def constraints(installed: dict[str, str]) -> str:
-    """The target's versions as pip constraints (public versions: local builds are not on PyPI)."""
-    return "".join(f"{name}=={public_version(version)}\n" for name, version in sorted(installed.items()))
+def stand_ins(installed: dict[str, str], folder: Path) -> None:
+    """A folder that looks to pip like the target's site-packages: one metadata-only
+    `.dist-info` per installed distribution, no code, no dependencies."""
+    for name, version in installed.items():
+        info = folder / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+def pip_on_target(stand_in_folder: Path, scratch: Path) -> list[str]:
+    """A command running this Python's pip with only the stand-ins installed: `-S` leaves this
+    environment's site-packages out, and pip comes from a folder holding nothing but pip."""
+    import pip as this_pip
+
+    only_pip = scratch / "only-pip"
+    only_pip.mkdir()
+    (only_pip / "pip").symlink_to(Path(this_pip.__file__).parent, target_is_directory=True)
+    boot = ("import sys; sys.path[:0] = sys.argv[1:3]; del sys.argv[1:3]; "
+            "from pip._internal.cli.main import main; sys.exit(main())")
+    return [sys.executable, "-S", "-c", boot, str(stand_in_folder), str(only_pip)]
 
 
 def missing(report: dict, installed: dict[str, str]) -> list[Wheel]:
@@ -161,8 +179,9 @@ def write_bundle(out: Path, wheels: list[Wheel], split_bytes: int | None) -> Non
     script.chmod(0o755)
 
 
-def pip(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], check=True)
+def pip(*args: str, command: list[str] | None = None) -> None:
+    prefix = command or [sys.executable, "-m", "pip"]
+    subprocess.run([*prefix, *args[:1], "--disable-pip-version-check", *args[1:]], check=True)
 
 
 def target_args(args) -> list[str]:
@@ -186,10 +205,11 @@ def main(argv: list[str] | None = None) -> int:
 
     installed = read_freeze(args.freeze.read_text()) if args.freeze else {}
     with tempfile.TemporaryDirectory() as tmp:
-        held, report_path = Path(tmp) / "constraints.txt", Path(tmp) / "report.json"
-        held.write_text(constraints(installed))
-        pip("install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report_path),
-            "--target", str(Path(tmp) / "unused"), "-c", str(held), *target_args(args), *args.requirements)
+        scratch = Path(tmp)
+        stand_ins(installed, scratch / "site")
+        report_path = scratch / "report.json"
+        pip("install", "--dry-run", "--quiet", "--report", str(report_path), *target_args(args), *args.requirements,
+            command=pip_on_target(scratch / "site", scratch))
         wheels = missing(json.loads(report_path.read_text()), installed)
     for wheel in wheels:
         print(f"{wheel.name}=={wheel.version}  {wheel.filename}")

@@ -51,7 +51,6 @@ def test_freeze_is_read_with_local_builds_and_without_editables_or_urls():
     installed = ow.read_freeze("Torch==2.11.0+cu130\nzope.interface==7.0\n-e git+https://x/y.git#egg=y\n"
                                "foo @ file:///tmp/foo.whl\n# comment\n\npydantic_core==2.41.5\n")
     assert installed == {"torch": "2.11.0+cu130", "zope-interface": "7.0", "pydantic-core": "2.41.5"}
-    assert ow.constraints(installed) == "pydantic-core==2.41.5\ntorch==2.11.0\nzope-interface==7.0\n"
 
 
 def test_only_what_the_target_lacks_at_that_version_is_planned():
@@ -112,6 +111,20 @@ def test_bundle_plans_downloads_splits_and_installs_without_an_index(tmp_path, i
                             "print(omni_test_app.VERSION, len(open(omni_test_big.__path__[0] + '/blob.bin', 'rb').read()))"],
                            env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True)
     assert check.stdout.split() == ["1.0", "300000"], check.stderr
+
+
+def test_a_version_the_requirements_refuse_is_replaced_and_others_are_kept(tmp_path, index, capsys):
+    """The target has lib 0.9 (app needs >=1) and big 0.1: lib is planned at 1.2, big is not."""
+    make_wheel(index, "omni-test-lib", "0.9")
+    freeze = tmp_path / "freeze.txt"
+    freeze.write_text("omni-test-lib==0.9\nomni-test-big==0.1\n")
+    assert ow.main(["--python-version", f"{sys.version_info.major}.{sys.version_info.minor}",
+                    "--platform", "manylinux_2_28_x86_64", "--freeze", str(freeze), "--out", str(tmp_path / "b"),
+                    "--plan-only", "--pip-arg=--no-index", f"--pip-arg=--find-links={index}",
+                    "omni-test-app", "omni-test-big"]) == 0
+    planned = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert planned == ["omni-test-app==1.0", "omni-test-lib==1.2"]
+    assert not (tmp_path / "b").exists()
 
 
 def test_the_installer_refuses_a_damaged_part(tmp_path, index):
