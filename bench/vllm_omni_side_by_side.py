@@ -5,12 +5,12 @@ Both engines get the same shapes (Qwen2.5-Omni-7B with random weights), the same
 lengths (`--max-tokens` thinker tokens, `--audio-seconds` of speech) and the same session
 levels, one engine after the other:
 
-1. reference: `bench/reference_gpu.py` builds the 7B-shaped model in memory; its session
-   driver (`one_session`) measures every reply.
-2. The reference model's config, processor (tokenizer, chat template) and speakers are
-   written to a folder, the reference engine is freed, and vllm-omni starts on that folder
-   with random weights (`preset=one-gpu-voice`, `dummy_weights=true`; the talker is held to
-   50 codes a second of `--audio-seconds`).
+1. reference, in a child process (so that all its GPU memory is gone afterwards):
+   `bench/reference_gpu.py` builds the 7B-shaped model in memory and its session driver
+   (`one_session`) measures every reply. The model's config, processor (tokenizer, chat
+   template) and speakers are written to a folder.
+2. vllm-omni starts on that folder with random weights (`preset=one-gpu-voice`,
+   `dummy_weights=true`; the talker is held to 50 codes a second of `--audio-seconds`).
 3. One realtime turn through the worker's `/v1/realtime` socket, on the started vllm-omni
    engine: the gateway, session and protocol code of `omni-worker serve --engine vllm-omni`,
    with a realtime client that sends speech and counts the audio it gets back.
@@ -31,8 +31,8 @@ import json
 import logging
 import platform
 import socket
-import subprocess
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
