@@ -22,7 +22,9 @@ Run where PyPI is reachable. Give the target's Python version, platform and `pip
 
 Copy `--out` to the target (any way: scp, USB, several transfers of parts) and run
 `sh install.sh` there. `--pip-arg` is passed to both pip calls (e.g. `--index-url` of a
-mirror, or `--no-index --find-links DIR` to plan from local files).
+mirror, or `--no-index --find-links DIR` to plan from local files). Only wheels can be
+planned for another machine: build a source-only requirement into a wheel once
+(`pip wheel --no-deps NAME==VERSION -w extra/`) and add `--pip-arg=--find-links=extra/`.
 """
 
 from __future__ import annotations
