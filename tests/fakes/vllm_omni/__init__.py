@@ -1,7 +1,7 @@
 """A small fake of vllm-omni 0.26.0, 0.28.0 and 0.30.0 (the PyPI wheels), for tests without a GPU.
 
 Which release it plays is read from `FAKE_VLLM_OMNI_VERSION` at import (default 0.30.0);
-tests/test_vllm_omni_engine.py runs every engine test against each. Where the releases
+tests/inference/engine/test_vllm_omni_engine.py runs every engine test against each. Where the releases
 differ (see inference/engine/vllm_omni/compat.py) the fake has each one's real signature.
 
 Same import paths, names, signatures and output shapes as the real package, for what our
@@ -13,13 +13,13 @@ engine (inference/engine/vllm_omni/) touches:
 - `vllm_omni.entrypoints.utils.coerce_param_message_types` (real: entrypoints/utils.py).
 - `vllm_omni.outputs.OmniRequestOutput` (real: outputs/__init__.py) and, in
   `vllm_omni.outputs.mm_outputs`, `MultimodalPayload` / `MultimodalCompletionOutput`.
-- `vllm_omni._fake_vllm`: stand-ins for the vLLM 0.30 classes those carry
-  (`SamplingParams`, `RequestOutputKind`, `CompletionOutput`), so no vllm is needed. This
+- `vllm_omni._fake_vllm`: stand-ins for the vLLM classes those carry (`SamplingParams`,
+  `RequestOutputKind`, `CompletionOutput`, `RequestOutput`), so no vllm is needed. This
   module has no real counterpart.
 
 Instead of a model, `AsyncOmni` plays a `Script` (text pieces, a waveform, usage numbers)
 the way a Qwen pipeline of thinker → talker → code2wav would, and records what it was asked.
-tests/inference/engine/test_vllm_omni_engine.py compares these signatures with the real package wherever
+The same test file compares the fake of the installed release with the real package wherever
 that is installed.
 """
 
