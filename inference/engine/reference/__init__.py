@@ -1,10 +1,17 @@
-"""The `reference` engine: Qwen2.5-Omni with transformers' classes, truly streamed.
+"""The `reference` engine: Qwen2.5-Omni with transformers' classes, batched and streamed.
 
-Layout: `loading` (checkpoints; `tiny` builds the tiny-random one), `prompt` + `chat_template`
-(request → thinker inputs), `thinker` / `talker` / `token2wav_stream` (the three models, one
-step at a time), `voice` (talker + token2wav for one reply), `sampling`, `detokenize`,
-`tool_calls`, `constrained` (grammar-forced tool calls), `generation` (the per-reply decode
-loop) and `engine` (threads, queue, limits).
+Layout (see docs/reference-engine.md for the picture):
+- `engine` — the asyncio face: prepares a request, queues its `Reply`, yields its deltas;
+- `core` — the engine loop: one thread owns the device and runs every reply step by step;
+- `scheduler` — what runs each step (admission, prefill budget, decode batches, the realtime
+  token2wav policy) and `SlotTable`, who holds which KV slot (prefix caches included);
+- `runner` — the model execution: KV pools, batched thinker/talker steps, the audio
+  encoder cache; `kv_pool` the pooled KV cache, `cuda_graphs` the graph capture;
+- `reply` — one reply's state and what it does with each result;
+- `prompt` + `chat_template` (request → tokens and content keys), `sampling`, `detokenize`,
+  `constrained` (grammar-forced tool calls), `talker` (codec facts), `token2wav_stream` (one
+  reply's chunking) and `token2wav_runner` (the DiT and vocoder, batched), `loading` (weights;
+  `tiny` builds the tiny-random model), `phases` (per-reply phase timings).
 """
 
 from .engine import ReferenceEngine

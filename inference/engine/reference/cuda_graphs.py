@@ -10,8 +10,10 @@ a step's kernels with one launch. The rules that make this correct:
   the next replay, so a caller uses or copies them first;
 - no host synchronisation inside (no `.item()`, `.tolist()`, `.cpu()`, tensors built from
   Python data on the device);
-- a graph is replayed by one thread at a time (the decode graphs belong to one generation's
-  slot; the shared token2wav graphs are used under a lock).
+- a graph is replayed by one thread at a time: the engine loop's.
+
+Batched steps are captured once per batch-size bucket (1, 2, 4, 8, …): a batch of 5 replays
+the graph for 8 with three padding rows.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ import torch
 
 
 class CapturedStep:
-    def __init__(self, function: Callable[[], object]) -> None:
+    """`pool`: a memory pool shared with other graphs (torch.cuda.graph_pool_handle()); safe
+    because the engine loop replays one graph at a time and copies its outputs out first."""
+
+    def __init__(self, function: Callable[[], object], pool=None) -> None:
         self.function = function
         # one eager run first, on a side stream as capture requires: lazy initialisation
         # (cuBLAS workspaces, cached tables) must not happen inside the capture
@@ -32,10 +37,24 @@ class CapturedStep:
             function()
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, pool=pool):
             self.outputs = function()
         torch.cuda.synchronize()
 
     def replay(self):
         self.graph.replay()
         return self.outputs
+
+
+def batch_buckets(largest: int) -> list[int]:
+    """Batch sizes graphs are captured for: powers of two up to `largest`, and `largest`."""
+    sizes, size = [], 1
+    while size < largest:
+        sizes.append(size)
+        size *= 2
+    return sizes + [largest]
+
+
+def bucket_for(batch: int, buckets: list[int]) -> int | None:
+    """The smallest bucket holding `batch` rows, or None if it is larger than all."""
+    return next((size for size in buckets if size >= batch), None)

@@ -1,20 +1,16 @@
-"""ReferenceEngine: the async face of the torch generation loop.
+"""ReferenceEngine: the asyncio face of the engine loop.
 
-Each generation runs on a worker thread (torch releases the GIL while it computes); deltas
-come back through an asyncio queue. The workers live as long as the engine: libraries keep
-per-thread state (cuDNN execution plans, cuBLAS handles, OpenMP teams) that a fresh thread
-per reply would rebuild on every reply. A semaphore bounds how many run at once, and
-the time spent waiting for it is reported as `queue_wait_s`. Closing the async iterator
-sets the generation's cancel flag, which the loop checks before every model call, so the
-thread stops within one decode step and drops its KV caches.
+`generate()` prepares the request off the event loop (chat template, tokens, rope positions,
+the context-length check), hands a `Reply` to the engine loop (core.py) and yields what the
+loop emits through an asyncio queue of its own. Closing the iterator (or cancelling the task
+iterating it) aborts the reply: the loop drops it before its next step and its KV slot is
+free (or kept as its session's prefix cache) at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
-import threading
 import time
 from typing import AsyncIterator
 
@@ -22,19 +18,23 @@ import numpy as np
 import torch
 
 from ..base import (
-    AudioDelta, Delta, EngineError, Finished, GenerationRequest, OmniEngine, UserAudio, UserText,
+    Delta, EngineLoad, Finished, GenerationRequest, OmniEngine, UserAudio, UserText,
 )
-from .constrained import GrammarFactory
-from .decode_slots import DecodeSlots
-from .generation import Generation, GenerationSettings
+from ..exceptions import ContextLengthExceeded, EngineError
+from ..tool_calls import OPEN_TAG
+from .constrained import CLOSING_LIMIT, GrammarFactory
+from .core import EngineCore
+from .kv_pool import kv_bytes_per_token
 from .loading import LoadedModel, load_model, resolve_device, resolve_dtype
-from .token2wav_runner import Token2WavRunner
-from .token2wav_stream import Cancelled, ChunkPlan, StreamingToken2Wav
-from .voice import max_codes_for
+from .prompt import build_prompt, tools_offered
+from .reply import GenerationSettings, PreparedPrompt, Reply, max_new_tokens
+from .runner import ModelRunner
+from .sampling import TALKER_SAMPLING, SamplingParams
+from .scheduler import Scheduler, SlotTable
+from .token2wav_stream import ChunkPlan
+from .talker import codes_per_second, max_codes_for
 
 logger = logging.getLogger(__name__)
-
-_DONE = object()
 
 # Chunk-plan defaults. On a CPU: what the offline model does (10 ODE steps, look-ahead for
 # every chunk). On a GPU: chunks of 0.24 s, the first with 3 ODE steps, later ones with 5, each
@@ -44,15 +44,31 @@ _DONE = object()
 CPU_STREAMING = dict(ode_steps=10, chunk_blocks=2, first_lookahead_blocks=None, first_ode_steps=None)
 GPU_STREAMING = dict(ode_steps=5, chunk_blocks=1, first_lookahead_blocks=1, first_ode_steps=3)
 
+MAX_SLOTS = 64
+
 
 class ReferenceEngine(OmniEngine):
-    """Qwen2.5-Omni in torch with transformers' classes, streamed step by step.
+    """Qwen2.5-Omni in torch with transformers' classes, many replies batched step by step.
 
     Options (keyword arguments, all optional):
       device: "auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", …
       dtype: "auto" (bfloat16 on cuda, float32 on cpu), "bfloat16", "float16", "float32";
         token2wav always runs in float32, as in transformers.
-      max_concurrency: generations running at once (default 1 on cpu, 4 on cuda); more wait.
+      kv_slots: replies that can hold KV memory at once, running or cached between a
+        session's turns (default: on cuda as many as `kv_memory_fraction` of the free memory
+        holds, at most 64; 8 on cpu). This is the engine's capacity.
+      kv_memory_fraction: share of the free GPU memory after loading the KV pool may take
+        (default 0.5; the rest is for activations and graphs).
+      context_tokens: thinker tokens a KV slot holds, prompt and reply together (default
+        4096); a longer conversation is refused with `ContextLengthExceeded`.
+      prefill_chunk_tokens: prompt tokens prefilled per loop step (default 512 on cuda, 256 on
+        cpu); running replies decode between chunks, and a cancel stops a prefill between them.
+      max_waiting: replies that may wait for memory at once before more are refused with
+        `EngineOverloaded` (default: kv_slots); max_queue_wait_s: how long one may wait
+        (default 10).
+      playback_margin_s: audio a listener must have left before token2wav runs for anyone
+        (default 0.5: while everyone has more, decode steps go first and chunks batch up).
+      encoder_cache_mb: audio-encoder outputs kept for reuse across turns (default 512).
       max_new_tokens: cap on the thinker's reply (default 512); a request's
         `max_output_tokens` can only lower it.
       max_audio_seconds: cap on speech per reply (default 60); the talker stops there even
@@ -68,68 +84,67 @@ class ReferenceEngine(OmniEngine):
         1, and 2 on cpu / 1 on cuda).
       lookahead_blocks, lookback_blocks: DiT context around each chunk (defaults 1 and 2).
       first_lookahead_blocks, first_ode_steps: the same for the first chunk only (default:
-        as the others on cpu; 0 and 3 on cuda). The first chunk waits for
+        as the others on cpu; 1 and 3 on cuda). The first chunk waits for
         (first_chunk_blocks + first_lookahead_blocks) × 12 codes, one decode step each, so
         these set most of the time to first audio.
-      static_cache: prefill and decode into preallocated KV caches, one set per concurrent
-        generation (default: on with cuda_graphs). Works on the CPU too.
-      cuda_graphs: capture in CUDA graphs at start-up: the thinker's and talker's prefill
-        (per prompt-length bucket up to 2048 tokens) and decode step (the talker's with its
-        sampling), the token2wav ODE and the vocoder (default True on cuda; cuda only).
-      static_cache_tokens: thinker context the static caches hold (default 4096); a prompt
-        plus reply that may not fit is decoded eagerly instead.
+      cuda_graphs: capture the thinker's and talker's decode steps per (batch-size bucket,
+        attention window), the token2wav ODE and the vocoder per batch bucket, at start-up
+        (default True on cuda; cuda only).
       seed: fixes all sampling and token2wav noise (default None: random per reply).
       torch_threads: torch's intra-op threads for the process (default: 1 for tiny-random on
         cpu, whose ops are too small to gain from threads that spin on a busy machine;
         otherwise torch's own default).
       warmup: run one short generation in `start()` (default True).
 
-    `Finished.timings` (seconds): queue_wait_s, prompt_s (chat template + audio features, on
-    the CPU), first_text_s and first_audio_s (from the request's arrival; present only if that
-    output was produced), total_s, audio_s (speech produced), decode_steps (a count), decode_s
-    (time in decode steps, token2wav included), token2wav_s, static_decode (1 if the fast
-    decode path was used). The path to the first audio, phase by phase (GPU time on cuda,
-    measured with CUDA events, so without synchronising): prefill_s (audio encoder + thinker
-    prefill), audio_encoder_s, talker_prefill_s (first thinker step + talker prefill),
-    first_chunk_decode_s (decode steps until the first chunk's codes are there),
-    first_chunk_codes (how many codes that was), first_dit_s, first_vocoder_s.
+    `Finished.timings` (seconds): queue_wait_s (waiting for a KV slot), prompt_s (chat
+    template and tokens, on the CPU), reused_tokens and prefill_tokens (prompt tokens taken
+    from the session's prefix cache and computed), first_text_s and first_audio_s (from the
+    request's arrival; present only if that output was produced), total_s, audio_s (speech
+    produced), decode_steps (a count). The path to the first audio, phase by phase (GPU time
+    on cuda, measured with CUDA events): prefill_s, talker_prefill_s (first thinker step +
+    talker start), first_chunk_decode_s (decode steps until the first chunk's codes are
+    there), first_chunk_codes (how many codes that was), first_dit_s, first_vocoder_s.
     """
 
     name = "reference"
 
     def __init__(self, model: str, *, device: str = "auto", dtype: str = "auto",
-                 max_concurrency: int | None = None, max_new_tokens: int = 512,
-                 max_audio_seconds: float = 60.0, min_audio_seconds: float = 0.0,
-                 max_tool_argument_tokens: int = 256,
+                 kv_slots: int | None = None, kv_memory_fraction: float = 0.5,
+                 context_tokens: int = 4096, prefill_chunk_tokens: int | None = None,
+                 max_waiting: int | None = None, max_queue_wait_s: float = 10.0,
+                 playback_margin_s: float = 0.5, encoder_cache_mb: int = 512,
+                 max_new_tokens: int = 512, max_audio_seconds: float = 60.0,
+                 min_audio_seconds: float = 0.0, max_tool_argument_tokens: int = 256,
                  ode_steps: int | None = None, first_chunk_blocks: int = 1,
                  chunk_blocks: int | None = None, lookahead_blocks: int = 1,
                  lookback_blocks: int = 2, first_lookahead_blocks: int | None = None,
-                 first_ode_steps: int | None = None,
-                 static_cache: bool | None = None, cuda_graphs: bool | None = None,
-                 static_cache_tokens: int = 4096, seed: int | None = None,
-                 torch_threads: int | None = None, warmup: bool = True) -> None:
+                 first_ode_steps: int | None = None, cuda_graphs: bool | None = None,
+                 seed: int | None = None, torch_threads: int | None = None,
+                 warmup: bool = True) -> None:
         super().__init__(model)
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        cuda = self.device.type == "cuda"
         if cuda_graphs is None:
-            cuda_graphs = self.device.type == "cuda"
-        if cuda_graphs and self.device.type != "cuda":
+            cuda_graphs = cuda
+        if cuda_graphs and not cuda:
             raise ValueError("cuda_graphs needs a cuda device")
-        if static_cache is None:
-            static_cache = cuda_graphs
-        if cuda_graphs and not static_cache:
-            raise ValueError("cuda_graphs needs static_cache")
-        if static_cache_tokens < 1:
-            raise ValueError("static_cache_tokens must be positive")
+        if kv_slots is not None and not 1 <= kv_slots <= MAX_SLOTS:
+            raise ValueError(f"kv_slots must be between 1 and {MAX_SLOTS}")
+        if context_tokens < 16 or max_new_tokens < 1 or max_audio_seconds <= 0:
+            raise ValueError("context_tokens, max_new_tokens and max_audio_seconds must be positive")
+        if not 0 < kv_memory_fraction <= 0.95:
+            raise ValueError("kv_memory_fraction must be in (0, 0.95]")
         self.cuda_graphs = cuda_graphs
-        self.static_cache = static_cache
-        self.static_cache_tokens = static_cache_tokens
-        if max_concurrency is None:
-            max_concurrency = 1 if self.device.type == "cpu" else 4
-        if max_concurrency < 1 or max_new_tokens < 1 or max_audio_seconds <= 0:
-            raise ValueError("max_concurrency, max_new_tokens and max_audio_seconds must be positive")
-        self.max_concurrency = max_concurrency
-        streaming = GPU_STREAMING if self.device.type == "cuda" else CPU_STREAMING
+        self.kv_slots = kv_slots
+        self.kv_memory_fraction = kv_memory_fraction
+        self.context_tokens = context_tokens
+        self.prefill_chunk_tokens = prefill_chunk_tokens or (512 if cuda else 256)
+        self.max_waiting = max_waiting
+        self.max_queue_wait_s = max_queue_wait_s
+        self.playback_margin_s = playback_margin_s
+        self.encoder_cache_bytes = encoder_cache_mb << 20
+        streaming = GPU_STREAMING if cuda else CPU_STREAMING
         ode_steps = streaming["ode_steps"] if ode_steps is None else ode_steps
         chunk_blocks = streaming["chunk_blocks"] if chunk_blocks is None else chunk_blocks
         if first_lookahead_blocks is None:
@@ -138,39 +153,22 @@ class ReferenceEngine(OmniEngine):
             first_ode_steps = streaming["first_ode_steps"]
         self.settings = GenerationSettings(
             max_new_tokens=max_new_tokens, max_audio_seconds=max_audio_seconds,
-            min_audio_seconds=min_audio_seconds,
+            min_audio_seconds=min_audio_seconds, talker_sampling=TALKER_SAMPLING,
             max_tool_argument_tokens=max_tool_argument_tokens, seed=seed,
             chunk_plan=ChunkPlan(first_chunk_blocks=first_chunk_blocks, chunk_blocks=chunk_blocks,
                                  lookahead_blocks=lookahead_blocks, lookback_blocks=lookback_blocks,
                                  ode_steps=ode_steps, first_lookahead_blocks=first_lookahead_blocks,
                                  first_ode_steps=first_ode_steps))
-        if torch_threads is None and model == "tiny-random" and self.device.type == "cpu":
+        if torch_threads is None and model == "tiny-random" and not cuda:
             torch_threads = 1
         self.torch_threads = torch_threads
         self.warmup = warmup
         self.voices: tuple[str, ...] = ("Chelsie", "Ethan")
         self.loaded: LoadedModel | None = None
-        self.token2wav: Token2WavRunner | None = None
-        self.slots: DecodeSlots | None = None
+        self.runner: ModelRunner | None = None
+        self.scheduler: Scheduler | None = None
+        self.core: EngineCore | None = None
         self._grammar = None
-        self._slots: asyncio.Semaphore | None = None
-        self._jobs: set[_Job] = set()
-        self._workers: concurrent.futures.ThreadPoolExecutor | None = None
-        self._stats_lock = threading.Lock()
-        #: decode steps run by all generations so far (for tests and metrics)
-        self.decode_steps = 0
-
-    @property
-    def fast_path(self) -> dict:
-        """What the GPU fast path uses (for logs and benchmarks)."""
-        return {"static_cache": self.slots is not None,
-                "cuda_graphs": self.cuda_graphs and self.slots is not None,
-                "token2wav_graphs": self.token2wav.graphed if self.token2wav else {}}
-
-    @property
-    def active_generations(self) -> int:
-        """Generations whose work is still running (cancelled ones included)."""
-        return sum(1 for job in list(self._jobs) if job.future is not None and not job.future.done())
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -184,64 +182,90 @@ class ReferenceEngine(OmniEngine):
         """Start on a model already in memory (the GPU benchmark builds random 7B-shaped
         weights this way instead of writing and reading 20 GB)."""
         self.loaded = loaded
-        speakers = tuple(self.loaded.model.speaker_map)
+        model = loaded.model
+        speakers = tuple(model.speaker_map)
         if not speakers:
             raise EngineError(f"{self.model} has no speakers (spk_dict.pt)")
         # Chelsie first when present: it is Qwen2.5-Omni's default voice.
         self.voices = tuple(sorted(speakers, key=lambda name: (name != "Chelsie", name)))
-        tokenizer = self.loaded.processor.tokenizer
-        vocab = self.loaded.model.thinker.lm_head.out_features
-        self._grammar = await asyncio.to_thread(GrammarFactory, tokenizer, vocab)
-        model = self.loaded.model
-        self.token2wav = await asyncio.to_thread(
-            Token2WavRunner, model.token2wav, model.speaker_map, self.settings.chunk_plan,
-            self.device, self.cuda_graphs)
-        if self.static_cache:
-            self.slots = await asyncio.to_thread(
-                DecodeSlots, model, self.max_concurrency, self.static_cache_tokens,
-                max_codes_for(model, self.settings.max_audio_seconds),
-                self.settings.talker_sampling, self.device, self.cuda_graphs)
-        self._slots = asyncio.Semaphore(self.max_concurrency)
-        self._workers = concurrent.futures.ThreadPoolExecutor(
-            max_workers=self.max_concurrency, thread_name_prefix="omni-generation")
+        tokenizer = loaded.processor.tokenizer
+        self._grammar = await asyncio.to_thread(GrammarFactory, tokenizer, model.thinker.lm_head.out_features)
+        self._stop_ids = self._end_of_turn_ids()
+        self._tool_open_id = self._single_token_id(OPEN_TAG)
+        self._thinker_sampling = SamplingParams.from_generation_config(model.thinker.generation_config)
+        self._codes_per_second = codes_per_second(model)
+        talker_capacity = self.context_tokens + max_codes_for(model, self.settings.max_audio_seconds) + 4
+        slots = self.kv_slots or self._slots_that_fit(talker_capacity)
+        self.runner = await asyncio.to_thread(
+            ModelRunner, model, loaded.processor.feature_extractor, slots=slots,
+            thinker_capacity=self.context_tokens, talker_capacity=talker_capacity,
+            talker_sampling=self.settings.talker_sampling, chunk_plan=self.settings.chunk_plan,
+            device=self.device, cuda_graphs=self.cuda_graphs,
+            encoder_cache_bytes=self.encoder_cache_bytes)
+        self.scheduler = Scheduler(
+            SlotTable(slots), prefill_chunk_tokens=self.prefill_chunk_tokens,
+            max_waiting=self.max_waiting or slots, max_queue_wait_s=self.max_queue_wait_s,
+            playback_margin_s=self.playback_margin_s)
+        with torch.inference_mode():
+            embed = model.thinker.get_input_embeddings()
+            speaker_bos = {name: embed(torch.tensor([[int(model.speaker_map[name]["bos_token"])]],
+                                                    device=self.device)).clone()
+                           for name in self.voices}
+        self.core = EngineCore(self.runner, self.scheduler, speaker_bos)
+        self.core.start()
         if self.warmup:
             await self._warm_up()
 
+    def _slots_that_fit(self, talker_capacity: int) -> int:
+        if self.device.type != "cuda":
+            return 8
+        model = self.loaded.model
+        per_slot = (kv_bytes_per_token(model.thinker.config.text_config, self.dtype) * self.context_tokens
+                    + kv_bytes_per_token(model.talker.config, self.dtype) * talker_capacity)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        slots = int(free * self.kv_memory_fraction // per_slot)
+        logger.info("KV memory: %.0f MB per slot, %.1f GB free: %d slots (at most %d)",
+                    per_slot / 2**20, free / 2**30, slots, MAX_SLOTS)
+        if slots < 1:
+            raise EngineError("not enough GPU memory for one KV slot; lower context_tokens")
+        return min(slots, MAX_SLOTS)
+
     async def close(self) -> None:
-        for job in list(self._jobs):
-            job.cancel.set()
-        for job in list(self._jobs):
-            if job.future is not None:
-                await asyncio.wrap_future(job.future)
-        if self._workers is not None:
-            self._workers.shutdown(wait=False)
-            self._workers = None
-        self.loaded = self.token2wav = self.slots = None
+        if self.core is not None:
+            await asyncio.to_thread(self.core.stop)
+            self.core = None
+        if self.runner is not None:
+            self.runner.release()
+        self.loaded = self.runner = None
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
     async def _warm_up(self) -> None:
-        logger.info("warm-up 1/1 (text + audio, 0.5 s of input audio) …")
+        logger.info("warm-up (text + audio, 0.5 s of input audio) …")
         started = time.monotonic()
         noise = np.random.default_rng(0).normal(0, 0.01, 8_000).astype(np.float32)
         request = GenerationRequest(
             request_id="warmup", instructions="", context=[UserAudio(noise), UserText("Hi")],
             modalities=("audio",), max_output_tokens=8)
-        spoke = False
-        async for delta in self.generate(request):
-            spoke = spoke or isinstance(delta, AudioDelta)
-        if not spoke:  # the reply ended before any audio: warm token2wav up on its own
-            await asyncio.to_thread(self._warm_up_token2wav)
+        async for _ in self.generate(request):
+            pass
         logger.info("warm-up done in %.2f s", time.monotonic() - started)
 
-    def _warm_up_token2wav(self) -> None:
-        stream = StreamingToken2Wav(self.token2wav, self.voices[0], self.settings.chunk_plan,
-                                    torch.Generator(device=self.device).manual_seed(0))
-        with torch.inference_mode():
-            while not stream.ready():
-                stream.push(0)
-            stream.decode_chunk()
-            stream.flush()
+    # ----------------------------------------------------------------- load
+
+    @property
+    def capacity(self) -> int:
+        return self.scheduler.slots.count if self.scheduler else 0
+
+    def load(self) -> EngineLoad | None:
+        if self.scheduler is None:
+            return None
+        return EngineLoad(running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
+                          capacity=self.scheduler.slots.count)
+
+    def end_session(self, session_id: str) -> None:
+        if self.core is not None:
+            self.core.end_session(session_id)
 
     # ----------------------------------------------------------------- generation
 
@@ -250,62 +274,98 @@ class ReferenceEngine(OmniEngine):
 
     async def _generate(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         arrived = time.monotonic()
-        if self.loaded is None or self._slots is None:
+        if self.core is None:
             raise EngineError("the reference engine is not started")
         voice = self._voice(request.voice)
+        prepared = await asyncio.to_thread(self._prepare, request, voice)
         loop = asyncio.get_running_loop()
-        await self._slots.acquire()
         queue: asyncio.Queue = asyncio.Queue()
-        job = _Job()
-        started = False
+        reply = Reply(
+            request, prepared, voice=voice, settings=self.settings,
+            tokenizer=self.loaded.processor.tokenizer, thinker_sampling=self._thinker_sampling,
+            stop_ids=self._stop_ids, tool_open_id=self._tool_open_id, grammar=self._grammar,
+            talker_end_codes={self.loaded.model.talker.config.tts_codec_pad_token_id,
+                              self.loaded.model.talker.config.tts_codec_end_token_id},
+            codes_per_second=self._codes_per_second, token2wav_shape=self.runner.token2wav.shape,
+            device=self.device, emit=lambda item: _post(loop, queue, item), arrived=arrived)
+        reply.timings["prompt_s"] = time.monotonic() - arrived
+        self.core.add(reply)
+        finished = False
         try:
-            generation = Generation(
-                self.loaded, self._grammar, self.settings, request, voice,
-                emit=lambda delta: _post(loop, queue, delta, job),
-                cancelled=job.cancel.is_set, on_step=self._count_step, arrived=arrived,
-                queue_wait=time.monotonic() - arrived, token2wav=self.token2wav, slots=self.slots)
-            self._jobs.add(job)
-            job.future = self._workers.submit(self._run, generation, loop, queue, job)
-            started = True
             while True:
                 item = await queue.get()
-                if item is _DONE:
-                    return
+                if isinstance(item, EngineError):
+                    finished = True
+                    raise item
                 if isinstance(item, BaseException):
+                    finished = True
                     raise EngineError(f"generation failed: {item}") from item
                 yield item
                 if isinstance(item, Finished):
+                    finished = True
                     return
         finally:
-            job.cancel.set()  # no-op when finished; stops the work within one step otherwise
-            if not started:
-                self._jobs.discard(job)
-                self._slots.release()
+            if not finished:  # cancelled or abandoned: stop its work before the next step
+                self.core.abort(reply)
 
-    def _run(self, generation: Generation, loop: asyncio.AbstractEventLoop,
-             queue: asyncio.Queue, job: "_Job") -> None:
-        """Runs on a worker thread. Releases the concurrency slot when the work has really stopped."""
-        try:
-            generation.run()
-        except Cancelled:
-            logger.debug("generation cancelled after %d steps", generation.decode_steps)
-        except Exception as error:  # reported to the consumer as an EngineError
-            logger.exception("generation failed")
-            _post(loop, queue, error, job)
-        finally:
-            _post(loop, queue, _DONE, job)
-            self._jobs.discard(job)
-            # The reply's tensors go back to torch's caching allocator for the next reply;
-            # handing them to the driver (empty_cache) here would turn the next reply's
-            # allocations into cudaMallocs, each of which synchronises the device.
-            try:
-                loop.call_soon_threadsafe(self._slots.release)
-            except RuntimeError:  # the event loop is gone (shutdown)
-                pass
+    def _prepare(self, request: GenerationRequest, voice: str) -> PreparedPrompt:
+        """Chat template, tokens and rope positions (CPU work, off the event loop), and the
+        checks that refuse a request before it costs any GPU time."""
+        forced = self._forced_tools(request)
+        prefix = _forced_prefix(forced)
+        prompt = build_prompt(self.loaded.processor, request, forced_prefix=prefix)
+        limit = max_new_tokens(self.settings, request)
+        room = self.context_tokens - limit - (CLOSING_LIMIT if forced else 0)
+        if prompt.length > room:
+            raise ContextLengthExceeded(prompt.length, max(room, 0))
+        model = self.loaded.model
+        ids = prompt.input_ids
+        audio_lengths = prompt.audio_lengths
+        positions, deltas = model.thinker.get_rope_index(
+            ids, None, None, torch.ones_like(ids), False, audio_lengths, None)
+        talker_positions, talker_delta = None, 0
+        if "audio" in request.modalities and not forced:
+            bos = int(model.speaker_map[voice]["bos_token"])
+            # the first reply token is not known yet; a text token's rope position does not
+            # depend on which token it is
+            text_ids = torch.cat([ids, torch.tensor([[bos, bos]], dtype=torch.long)], dim=1)
+            talker_positions, talker_deltas = model.talker.get_rope_index(
+                text_ids, None, None, torch.ones_like(text_ids), False, audio_lengths, None)
+            talker_delta = int(talker_deltas.reshape(-1)[0])
+        return PreparedPrompt(
+            prompt=prompt, thinker_positions=positions, thinker_rope_delta=int(deltas.reshape(-1)[0]),
+            talker_positions=talker_positions, talker_rope_delta=talker_delta,
+            forced_tools=forced, forced_prefix=prefix, max_new_tokens=limit)
 
-    def _count_step(self) -> None:
-        with self._stats_lock:
-            self.decode_steps += 1
+    @staticmethod
+    def _forced_tools(request: GenerationRequest) -> list[dict] | None:
+        """The tools a call must be made to, or None when the model is free to answer."""
+        choice = request.tool_choice
+        if choice in ("auto", "none"):
+            return None
+        tools = [entry["function"] for entry in tools_offered(request)]
+        if not tools:
+            raise EngineError(f"tool_choice {choice!r} needs at least one tool")
+        if choice == "required":
+            return tools
+        named = [tool for tool in tools if tool["name"] == choice]
+        if not named:
+            raise EngineError(f"tool_choice names an unknown tool: {choice!r}")
+        return named
+
+    def _end_of_turn_ids(self) -> set[int]:
+        eos = self.loaded.model.thinker.generation_config.eos_token_id
+        ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+        for marker in ("<|im_end|>", "<|endoftext|>"):  # end of turn / of text in Qwen chats
+            token_id = self._single_token_id(marker)
+            if token_id is not None:
+                ids.add(token_id)
+        return ids
+
+    def _single_token_id(self, text: str) -> int | None:
+        tokenizer = self.loaded.processor.tokenizer
+        token_id = tokenizer.convert_tokens_to_ids(text)
+        return token_id if isinstance(token_id, int) and token_id != tokenizer.unk_token_id else None
 
     def _voice(self, voice: str) -> str:
         if voice in self.voices:
@@ -317,17 +377,17 @@ class ReferenceEngine(OmniEngine):
         return self.voices[0]
 
 
-class _Job:
-    def __init__(self) -> None:
-        self.cancel = threading.Event()
-        self.future: concurrent.futures.Future | None = None
+def _forced_prefix(forced: list[dict] | None) -> str:
+    if not forced:
+        return ""
+    if len(forced) == 1:  # the envelope and the name are known: teacher-force them
+        return f'{OPEN_TAG}\n{{"name": "{forced[0]["name"]}", "arguments": '
+    return f"{OPEN_TAG}\n"
 
 
-def _post(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, item, job: _Job) -> None:
-    """Hand an item to the consumer; if its event loop is gone, stop the work."""
-    if job.cancel.is_set() and item is not _DONE:
-        return
+def _post(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, item) -> None:
+    """Hand an item to the consumer from the engine loop's thread."""
     try:
         loop.call_soon_threadsafe(queue.put_nowait, item)
-    except RuntimeError:
-        job.cancel.set()
+    except RuntimeError:  # the consumer's event loop is gone
+        pass

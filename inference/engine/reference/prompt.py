@@ -1,7 +1,16 @@
-"""Render a GenerationRequest into thinker inputs with the processor's chat template."""
+"""Render a GenerationRequest into thinker inputs with the processor's chat template.
+
+Besides the token ids, a prompt carries a content key per token (`keys`): the token id, or
+for an audio token a number derived from its clip's content hash and its place in the clip
+(every audio token has the same id). Two prompts share a KV prefix exactly as far as their
+keys agree; this is what the engine's prefix cache compares. Audio is not turned into
+features here: the audio encoder's cache, keyed by the same hash, does that only for clips it
+has not seen.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -22,11 +31,31 @@ OMNI_SYSTEM_PROMPT = (
 
 
 @dataclass
+class Clip:
+    """One user audio clip of a prompt."""
+    key: int                # content hash of its samples
+    samples: np.ndarray     # float32, 16 kHz
+    frames: int             # mel frames (what the feature extractor's mask counts)
+    tokens: int             # audio tokens it takes in the prompt
+
+
+@dataclass
 class Prompt:
-    input_ids: torch.Tensor                          # (1, L)
-    input_features: torch.Tensor | None              # (n_audio, 128, frames)
-    feature_attention_mask: torch.Tensor | None      # (n_audio, frames)
+    input_ids: torch.Tensor                          # (1, L), on the CPU
+    clips: list[Clip]                                # in prompt order
+    keys: np.ndarray                                 # (L,) int64 content keys (module doc)
     audio_tokens: int                                # how many of the L tokens are audio
+
+    @property
+    def length(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    @property
+    def audio_lengths(self) -> torch.Tensor | None:
+        """Mel frames per clip, as `get_rope_index` wants them (None without audio)."""
+        if not self.clips:
+            return None
+        return torch.tensor([clip.frames for clip in self.clips], dtype=torch.long)
 
 
 def tools_offered(request: GenerationRequest) -> list[dict[str, Any]]:
@@ -83,26 +112,52 @@ def build_messages(request: GenerationRequest) -> tuple[list[dict[str, Any]], li
 
 
 def build_prompt(processor, request: GenerationRequest, forced_prefix: str = "") -> Prompt:
-    """Template + feature extraction. `forced_prefix` is appended after the generation prompt
-    (the start of a forced tool call)."""
+    """The chat template's text, tokenized, with audio placeholders expanded to one token per
+    encoder frame (as the processor's __call__ does). `forced_prefix` is appended after the
+    generation prompt (the start of a forced tool call)."""
     messages, audios = build_messages(request)
     tools = tools_offered(request) or None
     text = processor.apply_chat_template(
         messages, tools=tools, add_generation_prompt=True, tokenize=False)
     text += forced_prefix
-    features = feature_mask = None
-    if audios:
-        features, feature_mask = audio_features(processor.feature_extractor, audios)
-        # expand each <|AUDIO|> to one token per encoder frame, as the processor's __call__ does
-        lengths = (feature_mask.sum(-1) - 1) // 2 + 1
+    extractor = processor.feature_extractor
+    clips = []
+    for samples in audios:
+        frames = min(-(-len(samples) // extractor.hop_length),
+                     extractor.n_samples // extractor.hop_length)
+        encoder_frames = (frames - 1) // 2 + 1
+        clips.append(Clip(key=clip_key(samples), samples=samples, frames=frames,
+                          tokens=(encoder_frames - 2) // 2 + 1))
+    if clips:
         text = processor.replace_multimodal_special_tokens(
-            [text], iter((lengths - 2) // 2 + 1), iter([]), iter([]),
+            [text], iter([clip.tokens for clip in clips]), iter([]), iter([]),
             video_second_per_grid=iter([]), use_audio_in_video=False,
             position_id_per_seconds=25, seconds_per_chunk=2.0)[0]
     input_ids = processor.tokenizer(text, return_tensors="pt")["input_ids"]
     audio_id = processor.tokenizer.convert_tokens_to_ids(processor.audio_token)
-    return Prompt(input_ids=input_ids, input_features=features, feature_attention_mask=feature_mask,
-                  audio_tokens=int((input_ids == audio_id).sum()))
+    keys = input_ids[0].numpy().astype(np.int64)
+    where = np.flatnonzero(keys == audio_id)
+    if len(where) != sum(clip.tokens for clip in clips):
+        raise ValueError(f"{len(where)} audio tokens in the prompt for "
+                         f"{sum(clip.tokens for clip in clips)} expected")
+    if clips:  # audio tokens of clip k, row r → a negative key from the clip's hash and r
+        rows = np.concatenate([np.arange(clip.tokens, dtype=np.int64) for clip in clips])
+        hashes = np.concatenate([np.full(clip.tokens, clip.key, dtype=np.int64) for clip in clips])
+        keys[where] = -1 - ((hashes + rows) & ((1 << 62) - 1))
+    return Prompt(input_ids=input_ids, clips=clips, keys=keys, audio_tokens=len(where))
+
+
+def clip_key(samples: np.ndarray) -> int:
+    """A 62-bit content hash of an audio clip."""
+    digest = hashlib.blake2b(np.ascontiguousarray(samples).tobytes(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 62) - 1)
+
+
+def common_prefix(first: np.ndarray, second: np.ndarray) -> int:
+    """How many leading keys two prompts share."""
+    length = min(len(first), len(second))
+    differ = np.flatnonzero(first[:length] != second[:length])
+    return int(differ[0]) if len(differ) else length
 
 
 def audio_features(feature_extractor, clips: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:

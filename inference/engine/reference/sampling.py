@@ -86,9 +86,10 @@ class TokenSampler:
         probs = torch.softmax(scores, dim=-1)
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
-    def draw_noise(self, out: torch.Tensor) -> None:
-        """Fill `out` (1, vocab) with the exponential draws `sample_on_device` needs."""
-        out.exponential_(1, generator=self.generator)
+    def draw_noise(self, out: torch.Tensor, generator: torch.Generator | None = None) -> None:
+        """Fill `out` (1, vocab) with the exponential draws `sample_on_device` needs, from
+        `generator` (default: the sampler's own)."""
+        out.exponential_(1, generator=generator or self.generator)
 
     def sample_on_device(self, logits: torch.Tensor, history: torch.Tensor | None,
                          noise: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""token2wav compute shared by all replies: a window of codec codes → mel (the DiT's ODE)
-and mel → 24 kHz audio (BigVGAN), eagerly or replayed from CUDA graphs.
+"""token2wav compute shared by all replies: windows of codec codes → mel (the DiT's ODE)
+and mel → 24 kHz audio (BigVGAN), for many replies at once, eagerly or replayed from CUDA
+graphs.
 
 The ODE is `Qwen2_5OmniToken2WavDiTModel.sample`'s: the model's own `RungeKutta4ODESolver`
 step and modules, with the initial noise passed in. Two things are computed once here rather
@@ -7,29 +8,30 @@ than per chunk: each speaker's ECAPA encoding of its reference mel (it never cha
 on CUDA, whole ODE solves captured in graphs (4 × (steps − 1) DiT evaluations each, about
 22 layers each: launch-bound in eager mode).
 
-A graph has fixed shapes, but windows differ in length (the first, the last). The ODE solve
-is captured once for the longest window of the chunk plan; a shorter window is padded to it
-and the padding is walled off in attention, the only place where frames meet (every other DiT
-operation is per frame): real frames attend only to real frames, padding only to padding. The
-real frames' mel is then the same as without padding.
+Windows of several replies are solved as one batch (rows; with classifier-free guidance
+each reply is two rows, guided and unconditioned). Windows differ in length (the first, the
+last), so a batch is padded to its longest window and the padding is walled off in attention,
+the only place where frames meet (every other DiT operation is per frame): real frames
+attend only to real frames, padding only to padding. Each reply's mel is then the same as
+without padding and without the other rows. On CUDA an ODE solve is captured per (ODE step
+count, batch-size bucket) for the longest window of the chunk plan.
 
-The vocoder graph is captured per input length for the lengths a reply's steady chunks have
-(the first chunk, the following ones); other lengths (the last chunk) run eagerly.
+The vocoder (convolutions only) batches chunks of equal length; its graphs are captured per
+(input length, batch bucket) for the lengths steady chunks have; other lengths (the last
+chunk) run eagerly.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
 
-from .cuda_graphs import CapturedStep
-from .token2wav_stream import Cancelled, ChunkPlan
+from .cuda_graphs import CapturedStep, batch_buckets, bucket_for
+from .token2wav_stream import ChunkPlan, MelWindow, Token2WavShape
 
 logger = logging.getLogger(__name__)
 
@@ -44,18 +46,18 @@ class SpeakerCondition:
 
 class Token2WavRunner:
     def __init__(self, token2wav, speakers: dict[str, dict], plan: ChunkPlan,
-                 device: torch.device, cuda_graphs: bool = False) -> None:
+                 device: torch.device, cuda_graphs: bool = False, max_batch: int = 1) -> None:
         self.dit = token2wav.code2wav_dit_model
         self.vocoder = token2wav.code2wav_bigvgan_model
         self.plan = plan
         self.device = device
-        self.block = self.dit.block_size                     # mel frames per DiT block
-        self.repeats = self.dit.repeats                      # mel frames per code
-        self.mel_dim = self.dit.mel_dim
-        self.samples_per_frame = int(np.prod(self.vocoder.config.upsample_rates))
-        self._lock = threading.Lock()  # the graphs' static buffers are shared by all replies
-        self._ode_graphs: dict[int, _WindowOde] = {}         # by ODE steps
-        self._vocoder_graphs: dict[int, _Vocoder] = {}       # by mel frames
+        self.shape = Token2WavShape(
+            block=self.dit.block_size, repeats=self.dit.repeats,
+            samples_per_frame=int(np.prod(self.vocoder.config.upsample_rates)),
+            mel_dim=self.dit.mel_dim)
+        self._ode_graphs: dict[tuple[int, int], _WindowOde] = {}    # by (ODE steps, batch)
+        self._vocoder_graphs: dict[tuple[int, int], _Vocoder] = {}  # by (mel frames, batch)
+        self.buckets = batch_buckets(max_batch)
         with torch.inference_mode():
             self.speakers = {name: self._condition(speaker) for name, speaker in speakers.items()}
             # BigVGAN's dB floor, computed as its amplitude_to_db does
@@ -65,85 +67,106 @@ class Token2WavRunner:
                 self._capture()
 
     @property
-    def graphed(self) -> dict[str, list[int]]:
-        """What runs from CUDA graphs: ODE step counts and vocoder input lengths."""
-        return {"ode_steps": sorted(self._ode_graphs), "vocoder_frames": sorted(self._vocoder_graphs)}
+    def graphed(self) -> dict[str, list]:
+        """What runs from CUDA graphs: (ODE steps, batch) and (vocoder frames, batch)."""
+        return {"ode": sorted(self._ode_graphs), "vocoder": sorted(self._vocoder_graphs)}
 
-    def speaker(self, name: str) -> SpeakerCondition:
-        return self.speakers[name]
+    def sample(self, windows: list[MelWindow]) -> list[torch.Tensor]:
+        """Mel (1, mel_dim, frames) of each window; windows with the same ODE step count are
+        solved as one batch."""
+        mels: list[torch.Tensor | None] = [None] * len(windows)
+        for steps in sorted({window.steps for window in windows}):
+            group = [i for i, window in enumerate(windows) if window.steps == steps]
+            for i, mel in zip(group, self._solve([windows[i] for i in group], steps)):
+                mels[i] = mel
+        return mels
 
-    def sample(self, codes: list[int], noise: torch.Tensor, speaker: SpeakerCondition,
-               steps: int, cancelled: Callable[[], bool] = lambda: False) -> torch.Tensor:
-        """Mel (1, mel_dim, frames) of a window of codes, from `noise` (1, frames, mel_dim)."""
-        graph = self._ode_graphs.get(steps)
-        if graph is not None and noise.shape[1] <= graph.frames:
-            if cancelled():
-                raise Cancelled()
-            with self._lock:
-                return graph(codes, noise, speaker)
-        codes_tensor = torch.tensor([codes], dtype=torch.long, device=self.device)
-        velocity = _WindowVelocity(self.dit, codes_tensor, speaker.cond, speaker.encoding,
-                                   self.plan.guidance_scale, cancelled)
-        return solve_ode(velocity, noise, ode_times(steps, self.plan.sway_coefficient,
-                                                    self.device)).permute(0, 2, 1)
-
-    def vocode(self, mel: torch.Tensor) -> torch.Tensor:
-        """Audio samples (1-D, on the CPU) of mel (1, mel_dim, frames)."""
-        graph = self._vocoder_graphs.get(mel.shape[2])
-        if graph is None:
-            return self.vocoder(mel).reshape(-1)
-        with self._lock:
-            return graph(mel)
+    def vocode(self, mels: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Audio samples (1-D, on the CPU) of each mel (1, mel_dim, frames); inputs of the same
+        length are one batch."""
+        waves: list[torch.Tensor | None] = [None] * len(mels)
+        for frames in sorted({mel.shape[2] for mel in mels}):
+            group = [i for i, mel in enumerate(mels) if mel.shape[2] == frames]
+            batch = torch.cat([mels[i] for i in group], dim=0)
+            bucket = bucket_for(len(group), self.buckets)
+            graph = self._vocoder_graphs.get((frames, bucket)) if bucket else None
+            if graph is not None:
+                out = graph(batch)
+            else:
+                out = mel_to_wave(self.vocoder, batch, self.min_level).reshape(len(group), -1).cpu()
+            for row, i in enumerate(group):
+                waves[i] = out[row]
+        return waves
 
     # ----------------------------------------------------------------- internals
 
+    def _solve(self, windows: list[MelWindow], steps: int) -> list[torch.Tensor]:
+        longest = max(window.noise.shape[1] for window in windows)
+        bucket = bucket_for(len(windows), self.buckets)
+        graph = self._ode_graphs.get((steps, bucket)) if bucket else None
+        if graph is not None and longest <= graph.frames:
+            return graph(windows, self.speakers)
+        # eagerly: pad to the longest window of this batch
+        solve = _WindowOde(self, longest, steps, len(windows), next(iter(self.speakers.values())),
+                           capture=False)
+        return solve(windows, self.speakers)
+
     def _condition(self, speaker: dict) -> SpeakerCondition:
         cond = speaker["cond"].to(self.device, torch.float32).reshape(1, -1)
-        reference = speaker["ref_mel"].to(self.device, torch.float32).reshape(1, -1, self.mel_dim)
+        reference = speaker["ref_mel"].to(self.device, torch.float32).reshape(1, -1, self.shape.mel_dim)
         if self.plan.guidance_scale >= 1e-5:
             reference = torch.cat([reference, torch.zeros_like(reference)], dim=0)
         return SpeakerCondition(cond, self.dit.input_embed.spk_encoder(reference))
 
     def _capture(self) -> None:
         speaker = next(iter(self.speakers.values()))
-        frames = self.plan.longest_window(self.block)
+        frames = self.plan.longest_window(self.shape.block)
         for steps in sorted({self.plan.steps_for(0), self.plan.steps_for(1)}):
-            self._ode_graphs[steps] = _WindowOde(self, frames, steps, speaker, capture=True)
-        for length in self.plan.vocoder_lengths(self.block):
-            self._vocoder_graphs[length] = _Vocoder(self, length)
-        logger.info("token2wav CUDA graphs: ODE for windows up to %d frames at %s steps, "
-                    "vocoder for %s frames", frames, sorted(self._ode_graphs),
+            for batch in self.buckets:
+                self._ode_graphs[steps, batch] = _WindowOde(self, frames, steps, batch, speaker,
+                                                            capture=True)
+        for length in self.plan.vocoder_lengths(self.shape.block):
+            for batch in self.buckets:
+                self._vocoder_graphs[length, batch] = _Vocoder(self, length, batch)
+        logger.info("token2wav CUDA graphs: ODE for windows up to %d frames, (steps, batch) %s; "
+                    "vocoder (frames, batch) %s", frames, sorted(self._ode_graphs),
                     sorted(self._vocoder_graphs))
 
 
 class _WindowOde:
-    """One ODE solve over a window padded to `frames`, with static inputs; captured in a CUDA
-    graph (or, with capture=False, run eagerly on the same buffers: tests use that)."""
+    """One batched ODE solve over windows padded to `frames`, with static inputs; captured in
+    a CUDA graph (or, with capture=False, run eagerly on the same buffers)."""
 
-    def __init__(self, runner: Token2WavRunner, frames: int, steps: int,
+    def __init__(self, runner: Token2WavRunner, frames: int, steps: int, batch: int,
                  speaker: SpeakerCondition, capture: bool) -> None:
         device = runner.device
+        shape = runner.shape
         self.runner = runner
         self.frames = frames
-        self.codes = torch.zeros((1, frames // runner.repeats), dtype=torch.long, device=device)
-        self.noise = torch.zeros((1, frames, runner.mel_dim), dtype=torch.float32, device=device)
-        self.valid = torch.tensor(frames, dtype=torch.long, device=device)
-        self.cond = speaker.cond.clone()
-        self.encoding = speaker.encoding.clone()
+        self.batch = batch
+        self.codes = torch.zeros((batch, frames // shape.repeats), dtype=torch.long, device=device)
+        self.noise = torch.zeros((batch, frames, shape.mel_dim), dtype=torch.float32, device=device)
+        self.valid = torch.full((batch,), frames, dtype=torch.long, device=device)
+        self.cond = speaker.cond.repeat(batch, 1)
+        self.encoding = speaker.encoding[None].repeat(batch, *[1] * speaker.encoding.dim())
         self.times = ode_times(steps, runner.plan.sway_coefficient, device)
         self.step = CapturedStep(self._solve) if capture else None
 
-    def __call__(self, codes: list[int], noise: torch.Tensor, speaker: SpeakerCondition) -> torch.Tensor:
-        frames = noise.shape[1]
+    def __call__(self, windows: list[MelWindow], speakers: dict[str, SpeakerCondition]) -> list[torch.Tensor]:
         self.codes.zero_()
-        self.codes[0, :len(codes)] = torch.tensor(codes, dtype=torch.long)
         self.noise.zero_()
-        self.noise[:, :frames] = noise
-        self.valid.fill_(frames)
-        self.cond.copy_(speaker.cond)
-        self.encoding.copy_(speaker.encoding)
+        self.valid.fill_(self.frames)
+        for row, window in enumerate(windows):
+            frames = window.noise.shape[1]
+            speaker = speakers[window.speaker]
+            self.codes[row, :len(window.codes)] = torch.tensor(window.codes, dtype=torch.long)
+            self.noise[row, :frames] = window.noise[0]
+            self.valid[row] = frames
+            self.cond[row] = speaker.cond[0]
+            self.encoding[row] = speaker.encoding
         mel = self.step.replay() if self.step is not None else self._solve()
-        return mel[:, :, :frames].clone()
+        return [mel[row:row + 1, :, :window.noise.shape[1]].clone()
+                for row, window in enumerate(windows)]
 
     def _solve(self) -> torch.Tensor:
         velocity = _WindowVelocity(self.runner.dit, self.codes, self.cond, self.encoding,
@@ -152,54 +175,59 @@ class _WindowOde:
 
 
 class _Vocoder:
-    """BigVGAN for one input length, captured."""
+    """BigVGAN for one input length and batch size, captured."""
 
-    def __init__(self, runner: Token2WavRunner, frames: int) -> None:
-        self.mel = torch.zeros((1, runner.mel_dim, frames), dtype=torch.float32, device=runner.device)
+    def __init__(self, runner: Token2WavRunner, frames: int, batch: int) -> None:
+        self.mel = torch.zeros((batch, runner.shape.mel_dim, frames), dtype=torch.float32,
+                               device=runner.device)
         self.step = CapturedStep(lambda: mel_to_wave(runner.vocoder, self.mel, runner.min_level))
 
     def __call__(self, mel: torch.Tensor) -> torch.Tensor:
-        self.mel.copy_(mel)
-        return self.step.replay().reshape(-1).cpu()
+        rows = mel.shape[0]
+        self.mel[:rows].copy_(mel)
+        wave = self.step.replay()
+        return wave[:rows].reshape(rows, -1).cpu()
 
 
 class _WindowVelocity:
-    """The ODE's right-hand side for one window: `Qwen2_5OmniToken2WavDiTModel.forward`
-    (with classifier-free guidance, as `sample` calls it), computed from the DiT's own
-    submodules in the same order, with everything that does not depend on the ODE state or
-    time (code embeddings, speaker encoding, rotary tables, block mask) computed once.
-    `valid_frames` (a 0-dim tensor) marks the frames after it as padding (see module doc)."""
+    """The ODE's right-hand side for a batch of windows: `Qwen2_5OmniToken2WavDiTModel.forward`
+    (with classifier-free guidance, as `sample` calls it: rows [guided × B, unconditioned × B]),
+    computed from the DiT's own submodules in the same order, with everything that does not
+    depend on the ODE state or time (code embeddings, speaker encoding, rotary tables, block
+    mask) computed once. `codes` (B, codes), `cond` (B, C), `speaker_encoding` (B, 2, E) with
+    guidance, else (B, 1, E); `valid_frames` (B,) marks each row's frames after it as padding
+    (see module doc)."""
 
     def __init__(self, dit, codes: torch.Tensor, cond: torch.Tensor, speaker_encoding: torch.Tensor,
-                 guidance_scale: float, cancelled: Callable[[], bool] = lambda: False,
-                 valid_frames: torch.Tensor | None = None) -> None:
+                 guidance_scale: float, valid_frames: torch.Tensor | None = None) -> None:
         self.dit = dit
         self.guidance = guidance_scale
-        self.cancelled = cancelled
         self.cfg = guidance_scale >= 1e-5
         frames = codes.shape[1] * dit.repeats
         code_embed = dit.text_embed(codes, drop_code=False)
         speaker = cond.unsqueeze(1).repeat(1, frames, 1)
+        encoded = speaker_encoding[:, 0]
         if self.cfg:
             code_embed = torch.cat([code_embed, dit.text_embed(codes, drop_code=True)], dim=0)
             speaker = torch.cat([speaker, torch.zeros_like(speaker)], dim=0)
-        encoded = speaker_encoding.unsqueeze(1).repeat(1, frames, 1)
+            encoded = torch.cat([encoded, speaker_encoding[:, 1]], dim=0)
+        encoded = encoded.unsqueeze(1).repeat(1, frames, 1)
         self.condition = (encoded, code_embed, speaker)
-        batch = code_embed.shape[0]
-        positions = torch.arange(frames, device=codes.device)[None, :].repeat(batch, 1)
+        rows = code_embed.shape[0]
+        positions = torch.arange(frames, device=codes.device)[None, :].repeat(rows, 1)
         self.rotary = dit.rotary_embed(code_embed, positions)
         self.block_diff = dit._create_block_diff(code_embed)
         if valid_frames is not None:
-            real = torch.arange(frames, device=codes.device) < valid_frames
-            same_side = real[:, None] == real[None, :]
-            self.block_diff = torch.where(same_side, self.block_diff, _APART)
+            if self.cfg:
+                valid_frames = torch.cat([valid_frames, valid_frames])
+            real = torch.arange(frames, device=codes.device)[None, :] < valid_frames[:, None]
+            same_side = real[:, :, None] == real[:, None, :]          # (rows, frames, frames)
+            self.block_diff = torch.where(same_side[:, None], self.block_diff, _APART)
 
     def __call__(self, time_step: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        if self.cancelled():
-            raise Cancelled()
         dit = self.dit
-        batch = 2 if self.cfg else 1
-        time_embedding = dit.time_embed(time_step.reshape(1).repeat(batch))
+        rows = state.shape[0] * (2 if self.cfg else 1)
+        time_embedding = dit.time_embed(time_step.reshape(1).repeat(rows))
         hidden = torch.cat([state, state], dim=0) if self.cfg else state
         hidden = dit.input_embed.proj(torch.cat((hidden, *self.condition), dim=-1))
         for block in dit.transformer_blocks:

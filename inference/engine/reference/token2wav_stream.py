@@ -18,26 +18,20 @@ around it; this is the sliding-window decoding Qwen designed the DiT for (their 
   whole chunk at once, which takes 0.2 s off the time to first audio.)
 
 The first chunk may differ (`first_lookahead_blocks`, `first_ode_steps`): it is the one the
-listener waits for. The compute itself (the ODE, the vocoder, their CUDA graphs) is the
-engine-wide `Token2WavRunner`'s; this class only keeps one reply's codes, noise and seams.
+listener waits for. This class only keeps one reply's codes, noise and seams, and says what
+to compute next: a chunk goes `next_window()` → (the DiT's ODE) → `vocoder_input(mel)` →
+(the vocoder) → `take_audio(wave)`. The compute itself is the engine-wide `Token2WavRunner`'s,
+which runs the windows and vocoder inputs of many replies as one batch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 
 from .phases import PhaseClock
-
-if TYPE_CHECKING:
-    from .token2wav_runner import Token2WavRunner
-
-
-class Cancelled(Exception):
-    """Raised inside the decode loop when the consumer went away."""
 
 
 @dataclass(frozen=True)
@@ -90,31 +84,51 @@ class ChunkPlan:
         return sorted(set(lengths))
 
 
+@dataclass
+class MelWindow:
+    """One DiT ODE solve a reply asks for: mel frames for `codes`, starting from `noise`."""
+    codes: list[int]
+    noise: torch.Tensor    # (1, frames, mel_dim)
+    steps: int             # ODE steps
+    speaker: str
+
+
+@dataclass(frozen=True)
+class Token2WavShape:
+    """The token2wav model's fixed sizes a stream needs (from the engine's runner)."""
+    block: int              # mel frames per DiT block
+    repeats: int            # mel frames per code
+    samples_per_frame: int  # audio samples per mel frame
+    mel_dim: int
+
+
 class StreamingToken2Wav:
-    def __init__(self, runner: "Token2WavRunner", speaker: str, plan: ChunkPlan,
-                 generator: torch.Generator | None,
-                 cancelled: Callable[[], bool] = lambda: False,
+    def __init__(self, shape: Token2WavShape, speaker: str, plan: ChunkPlan,
+                 generator: torch.Generator | None, device: torch.device,
                  clock: PhaseClock | None = None) -> None:
-        self.runner = runner
-        self.speaker = runner.speaker(speaker)
+        self.shape = shape
+        self.speaker = speaker
         self.plan = plan
-        self.device = runner.device
+        self.device = device
         self.generator = generator
-        self.cancelled = cancelled
-        self.clock = clock or PhaseClock(runner.device)
-        self.block = runner.block                     # mel frames per block
-        self.repeats = runner.repeats                 # mel frames per code
-        self.samples_per_frame = runner.samples_per_frame
+        self.clock = clock or PhaseClock(device)
+        self.block = shape.block
         self.codes: list[int] = []
-        self.noise = torch.empty((1, 0, runner.mel_dim), dtype=torch.float32, device=self.device)
+        self.noise = torch.empty((1, 0, shape.mel_dim), dtype=torch.float32, device=device)
         self.next_frame = 0          # first mel frame not yet decoded
         self.chunks = 0
         self.first_chunk_codes = 0   # codes there were when the first chunk was decoded
-        self.left_context = torch.empty((1, runner.mel_dim, 0), device=self.device)  # final mel
+        self.left_context = torch.empty((1, shape.mel_dim, 0), device=device)  # final mel
+        self._pending: tuple[int, int, int, int] | None = None  # chunk in flight
+        self._emit: tuple[int, int] | None = None               # its samples in the wave
 
     @property
     def frames(self) -> int:
-        return len(self.codes) * self.repeats
+        return len(self.codes) * self.shape.repeats
+
+    @property
+    def in_flight(self) -> bool:
+        return self._pending is not None or self._emit is not None
 
     def push(self, code: int) -> None:
         self.codes.append(code)
@@ -124,60 +138,61 @@ class StreamingToken2Wav:
         end = self.next_frame + self.plan.chunk_frames(self.chunks, self.block)
         return self.frames >= end + self.plan.lookahead_frames(self.chunks, self.block)
 
-    def decode_chunk(self) -> np.ndarray:
-        """The next chunk's audio (call when `ready()`)."""
-        end = self.next_frame + self.plan.chunk_frames(self.chunks, self.block)
-        window_end = min(end + self.plan.lookahead_frames(self.chunks, self.block), self.frames)
-        return self._decode(end, window_end)
+    def has_rest(self) -> bool:
+        """Codes not yet turned into audio (for the flush once the codes are complete)."""
+        return self.next_frame < self.frames
 
-    def flush(self) -> np.ndarray:
-        """All remaining audio; the reply's codes are complete."""
-        if self.next_frame >= self.frames:
-            return np.zeros(0, dtype=np.float32)
-        return self._decode(self.frames, self.frames)
-
-    # ----------------------------------------------------------------- internals
-
-    def _decode(self, end: int, window_end: int) -> np.ndarray:
-        first = self.chunks == 0
-        if first:
+    def next_window(self, final: bool = False) -> MelWindow:
+        """The ODE solve for the next chunk (when `ready()`), or with `final` for all the
+        remaining codes (when `has_rest()`; the reply's codes are complete)."""
+        if final:
+            end = window_end = self.frames
+        else:
+            end = self.next_frame + self.plan.chunk_frames(self.chunks, self.block)
+            window_end = min(end + self.plan.lookahead_frames(self.chunks, self.block), self.frames)
+        if self.chunks == 0:
             self.clock.mark("first_codes")
             self.first_chunk_codes = len(self.codes)
         start = self.next_frame
         window_start = max(start - self.plan.lookback_blocks * self.block, 0)
-        mel = self._sample(window_start, window_end, self.plan.steps_for(self.chunks))
-        if first:
+        self._grow_noise(window_end)
+        repeats = self.shape.repeats
+        self._pending = (start, end, window_start, window_end)
+        return MelWindow(self.codes[window_start // repeats:window_end // repeats],
+                         self.noise[:, window_start:window_end], self.plan.steps_for(self.chunks),
+                         self.speaker)
+
+    def vocoder_input(self, mel: torch.Tensor) -> torch.Tensor:
+        """The window's mel (1, mel_dim, frames) → the vocoder's input for exactly the chunk:
+        final mel of the previous chunk on the left, provisional look-ahead mel on the right."""
+        start, end, window_start, _ = self._pending
+        self._pending = None
+        if self.chunks == 0:
             self.clock.mark("first_mel")
         chunk = mel[:, :, start - window_start:end - window_start]
         lookahead = mel[:, :, end - window_start:end - window_start + self.plan.vocoder_context]
-        self.next_frame = end
-        self.chunks += 1
-        audio = self._vocode(chunk, lookahead)
-        if first:
-            self.clock.mark("first_wave")
-        return audio
-
-    def _sample(self, start: int, end: int, steps: int) -> torch.Tensor:
-        """Mel (1, mel_dim, end - start) for frames [start, end) — `DiT.sample` with given noise."""
-        self._grow_noise(end)
-        codes = self.codes[start // self.repeats:end // self.repeats]
-        return self.runner.sample(codes, self.noise[:, start:end], self.speaker, steps,
-                                  self.cancelled)
-
-    def _vocode(self, chunk: torch.Tensor, lookahead: torch.Tensor) -> np.ndarray:
-        """Audio of exactly the chunk's frames, vocoded with context on both sides."""
         left = self.left_context.shape[2]
-        wave = self.runner.vocode(torch.cat([self.left_context, chunk, lookahead], dim=2))
-        emitted = wave[left * self.samples_per_frame:(left + chunk.shape[2]) * self.samples_per_frame]
+        vocoder_mel = torch.cat([self.left_context, chunk, lookahead], dim=2)
+        per_frame = self.shape.samples_per_frame
+        self._emit = (left * per_frame, (left + chunk.shape[2]) * per_frame)
         if self.plan.vocoder_context:
-            mel = torch.cat([self.left_context, chunk], dim=2)
-            self.left_context = mel[:, :, -self.plan.vocoder_context:]
-        return emitted.float().numpy()
+            self.left_context = torch.cat([self.left_context, chunk], dim=2)[:, :, -self.plan.vocoder_context:]
+        self.next_frame = end
+        return vocoder_mel
+
+    def take_audio(self, wave: torch.Tensor) -> np.ndarray:
+        """The vocoder's output (1-D, on the CPU) → the chunk's own samples."""
+        begin, end = self._emit
+        self._emit = None
+        if self.chunks == 0:
+            self.clock.mark("first_wave")
+        self.chunks += 1
+        return wave[begin:end].float().numpy()
 
     def _grow_noise(self, frames: int) -> None:
         missing = frames - self.noise.shape[1]
         if missing > 0:
-            fresh = torch.randn((1, missing, self.runner.mel_dim), generator=self.generator,
+            fresh = torch.randn((1, missing, self.shape.mel_dim), generator=self.generator,
                                 dtype=torch.float32, device=self.generator.device
                                 if self.generator is not None else self.device)
             self.noise = torch.cat([self.noise, fresh.to(self.device)], dim=1)

@@ -1,0 +1,208 @@
+"""The engine loop: one thread owns the device and runs every reply's work, step by step.
+
+Requests come in and go out through `inbox` (add, abort, end a session, stop), applied
+between steps, never during one. Each step asks the scheduler what to run (scheduler.py),
+has the model runner run it (runner.py) and hands the results to the replies (reply.py),
+which emit their deltas to their asyncio consumers. When nothing is running the loop sleeps
+on the inbox.
+
+A failure inside one reply's own work (its prefill, its talker's start, its sampling) fails
+that reply only; a failure inside a batched step fails the replies of that batch. Either way
+the loop goes on with the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Callable
+
+import torch
+
+from ..exceptions import EngineError, EngineOverloaded
+from .reply import Phase, Reply
+from .runner import ModelRunner
+from .scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCore:
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler,
+                 speaker_bos: dict[str, torch.Tensor]) -> None:
+        self.runner = runner
+        self.scheduler = scheduler
+        self.speaker_bos = speaker_bos
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        #: loop steps that ran model work, and decode steps per model (for tests and benchmarks)
+        self.steps = 0
+        self.thinker_steps = 0
+        self.talker_steps = 0
+        self.largest_batch = 0
+
+    # ----------------------------------------------------------------- the asyncio side
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="omni-engine-loop", daemon=True)
+        self._thread.start()
+
+    def add(self, reply: Reply) -> None:
+        self.inbox.put(("add", reply))
+
+    def abort(self, reply: Reply) -> None:
+        self.inbox.put(("abort", reply))
+
+    def end_session(self, session_id: str) -> None:
+        self.inbox.put(("end_session", session_id))
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self.inbox.put(("stop", None))
+            self._thread.join()
+            self._thread = None
+
+    # ----------------------------------------------------------------- the loop
+
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while True:
+                idle = not self.scheduler.has_work
+                try:
+                    command = self.inbox.get(timeout=0.5) if idle else self.inbox.get_nowait()
+                except queue.Empty:
+                    command = None
+                while command is not None:
+                    if not self._apply(*command):
+                        self._stop_all()
+                        return
+                    try:
+                        command = self.inbox.get_nowait()
+                    except queue.Empty:
+                        command = None
+                self._expire_waiting()
+                if self.scheduler.has_work:
+                    self.step()
+
+    def _apply(self, kind: str, value) -> bool:
+        if kind == "add":
+            try:
+                self.scheduler.add(value)
+            except EngineOverloaded as error:
+                self._fail([value], error)
+        elif kind == "abort":
+            value.cancelled = True
+            self.scheduler.remove(value)
+        elif kind == "end_session":
+            self.scheduler.slots.drop_session(value)
+        elif kind == "stop":
+            return False
+        return True
+
+    def _expire_waiting(self) -> None:
+        now = time.monotonic()
+        for reply in self.scheduler.expired(now):
+            self._fail([reply], EngineOverloaded(
+                f"no memory for the reply after {now - reply.arrived:.1f} s in the queue"))
+
+    def _stop_all(self) -> None:
+        for reply in list(self.scheduler.running) + list(self.scheduler.waiting):
+            self._fail([reply], EngineError("the engine is shutting down"))
+
+    # ----------------------------------------------------------------- one step
+
+    def step(self) -> None:
+        runner, scheduler = self.runner, self.scheduler
+        plan = scheduler.schedule()
+        worked = False
+        for reply, start, end in plan.prefill:
+            worked = True
+            self._guard([reply], lambda: reply.after_prefill(end, runner.prefill(
+                reply.slot, reply.prompt, start, end, reply.prepared.thinker_positions,
+                reply.prepared.talker_positions if reply.talker is not None else None)))
+        thinker = [r for r in plan.thinker if r.phase is Phase.DECODING]
+        if thinker:
+            worked = True
+            self.thinker_steps += 1
+            self._guard(thinker, lambda: self._thinker_step(thinker))
+        talkers = scheduler.talker_batch()
+        for reply in [r for r in talkers if not r.talker.started]:
+            worked = True
+            self._guard([reply], lambda: self._talker_start(reply))
+        stepping = [r for r in talkers if r.talker.started and r.phase is Phase.DECODING]
+        if stepping:
+            worked = True
+            self.talker_steps += 1
+            self._guard(stepping, lambda: self._talker_step(stepping))
+        speaking = scheduler.token2wav_batch(time.monotonic())
+        if speaking:
+            worked = True
+            self._guard(speaking, lambda: self._token2wav(speaking))
+        for reply in list(scheduler.running):
+            if reply.phase is Phase.DECODING and reply.complete:
+                self._guard([reply], reply.finish)
+                scheduler.remove(reply)
+        if worked:
+            self.steps += 1
+            self.largest_batch = max(self.largest_batch, len(thinker), len(stepping))
+
+    def _thinker_step(self, replies: list[Reply]) -> None:
+        embeds, hidden, logits = self.runner.thinker_step(
+            [r.slot for r in replies], [r.pending_token for r in replies],
+            [r.prompt.length + len(r.fed) for r in replies],
+            [r.prepared.thinker_rope_delta for r in replies])
+        for row, reply in enumerate(replies):
+            self._guard([reply], lambda: reply.after_thinker_step(
+                embeds[row:row + 1], hidden[row:row + 1], logits[row:row + 1]))
+
+    def _talker_start(self, reply: Reply) -> None:
+        talker = reply.talker
+        _, first = reply.next_talker_input(self.runner.text_eos, self.runner.text_pad)
+        length = reply.prompt.length
+        code = self.runner.talker_start(
+            reply.slot, first, self.speaker_bos[reply.voice],
+            reply.prepared.talker_positions[:, :, length:length + 2], length,
+            talker.codes < talker.min_codes, reply.generator)
+        talker.started = True
+        talker.length = length + 2
+        reply.clock.mark("talker_started")
+        reply.after_talker_code(code)
+
+    def _talker_step(self, replies: list[Reply]) -> None:
+        inputs = [r.next_talker_input(self.runner.text_eos, self.runner.text_pad)[1] for r in replies]
+        codes = self.runner.talker_step(
+            [r.slot for r in replies], [r.talker.last_code for r in replies], inputs,
+            [r.talker.length for r in replies],
+            [r.prepared.talker_rope_delta for r in replies],
+            [r.talker.codes < r.talker.min_codes for r in replies],
+            [r.generator for r in replies])
+        for reply, code in zip(replies, codes):
+            reply.talker.length += 1
+            self._guard([reply], lambda: reply.after_talker_code(code))
+
+    def _token2wav(self, replies: list[Reply]) -> None:
+        windows = [r.audio.next_window(final=not r.audio.ready()) for r in replies]
+        mels = self.runner.token2wav.sample(windows)
+        waves = self.runner.token2wav.vocode(
+            [reply.audio.vocoder_input(mel) for reply, mel in zip(replies, mels)])
+        for reply, wave in zip(replies, waves):
+            self._guard([reply], lambda: reply.take_audio(reply.audio.take_audio(wave)))
+
+    # ----------------------------------------------------------------- failures
+
+    def _guard(self, replies: list[Reply], work: Callable[[], None]) -> None:
+        try:
+            work()
+        except Exception as error:  # noqa: BLE001 - reported to those replies' consumers
+            logger.exception("reply work failed (%d replies affected)", len(replies))
+            self._fail(replies, error)
+
+    def _fail(self, replies: list[Reply], error: BaseException) -> None:
+        for reply in replies:
+            if reply.phase is Phase.DONE:
+                continue
+            reply.phase = Phase.DONE
+            self.scheduler.remove(reply)
+            reply.emit(error)

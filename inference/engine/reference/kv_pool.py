@@ -1,0 +1,119 @@
+"""KV memory as a pool of slots shared by every reply, and the batched forward that uses it.
+
+One `KVPool` per text model (the thinker's, the talker's) holds the keys and values of
+`slots` sequences of up to `capacity` tokens, preallocated once, plus one scratch row that
+the padding rows of a batch write into. A reply owns one slot (the same index in both pools)
+for its lifetime; between a session's turns the slot may stay filled as its prefix cache.
+
+A forward reads and writes the pool through a `BatchView`: which rows take part (`rows`, B),
+where each row's new tokens go (`write_pos`, B × n) and how many slots attention reads
+(`window`). All three are device tensors or plain ints fixed for a CUDA graph, so one graph
+per (batch size, window) serves any mix of rows and lengths. transformers' decoder layers
+only call `cache.update(keys, values, layer_idx)` and a text model given a ready-made mask
+(a dict keyed by layer type) builds none of its own: that is the whole contract.
+
+Attention reads `window` slots whatever a row's length; `mask()` hides the slots past each
+query's position, so the math is the dynamic cache's (masked slots get exactly zero weight).
+"""
+
+from __future__ import annotations
+
+import torch
+
+SMALLEST_WINDOW = 512
+
+
+def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+    """Bytes one token's keys and values take over all layers of a text model."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    element = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * element
+
+
+class KVPool:
+    def __init__(self, config, slots: int, capacity: int, device: torch.device,
+                 dtype: torch.dtype) -> None:
+        if slots < 1 or capacity < 1:
+            raise ValueError("a KV pool needs at least one slot of at least one token")
+        implementation = getattr(config, "_attn_implementation", None) or "sdpa"
+        if implementation not in ("sdpa", "eager"):
+            raise ValueError(f"the KV pool supports sdpa and eager attention, not {implementation}")
+        if any(kind != "full_attention" for kind in getattr(config, "layer_types", ["full_attention"])):
+            raise ValueError("the KV pool supports full attention layers only")
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        # (row, position, head, dim): a batch's new keys are written with one index_put
+        shape = (slots + 1, capacity, config.num_key_value_heads, head_dim)
+        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
+        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
+        self.slots = slots
+        self.scratch = slots  # the row padding rows write into
+        self.capacity = capacity
+        self.device = device
+        self.dtype = dtype
+        self.additive_mask = implementation == "eager"  # eager attention adds its mask
+        self.offsets = torch.arange(capacity, device=device)
+        self.windows = _window_sizes(capacity)
+
+    def window_for(self, length: int) -> int:
+        """The smallest window holding `length` slots."""
+        if length > self.capacity:
+            raise ValueError(f"a sequence of {length} tokens exceeds the KV slot ({self.capacity})")
+        return next(size for size in self.windows if size >= length)
+
+
+class BatchView:
+    """The part of a pool one forward sees: B rows, n new tokens each. Its tensors are static
+    (a CUDA graph captured with this view reads them at replay time): set them with `point`."""
+
+    def __init__(self, pool: KVPool, batch: int, queries: int) -> None:
+        self.pool = pool
+        self.rows = torch.full((batch,), pool.scratch, dtype=torch.long, device=pool.device)
+        self.write_pos = torch.zeros((batch, queries), dtype=torch.long, device=pool.device)
+        self.window = pool.windows[0]
+
+    def point(self, rows: list[int], starts: list[int]) -> None:
+        """Row i of the batch is pool row `rows[i]`, its new tokens at `starts[i]` onwards;
+        rows past len(rows) are padding (the scratch row, position 0)."""
+        batch, queries = self.write_pos.shape
+        padding = batch - len(rows)
+        self.rows.copy_(torch.tensor(rows + [self.pool.scratch] * padding), non_blocking=True)
+        first = torch.tensor(starts + [0] * padding)[:, None]
+        self.write_pos.copy_(first + torch.arange(queries)[None, :], non_blocking=True)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *_, **__) -> tuple[torch.Tensor, torch.Tensor]:
+        """transformers' cache contract: store (B, heads, n, dim) at the rows' positions and
+        return (B, heads, window, dim) of each row's sequence so far."""
+        keys, values = self.pool.keys[layer_idx], self.pool.values[layer_idx]
+        where = (self.rows[:, None], self.write_pos)
+        keys.index_put_(where, key_states.transpose(1, 2))
+        values.index_put_(where, value_states.transpose(1, 2))
+        window = self.window
+        return (keys[:, :window].index_select(0, self.rows).transpose(1, 2),
+                values[:, :window].index_select(0, self.rows).transpose(1, 2))
+
+    def mask(self) -> torch.Tensor:
+        """(B, 1, n, window): each query sees its row's slots up to its own position."""
+        visible = self.pool.offsets[None, None, :self.window] <= self.write_pos[:, :, None]
+        if not self.pool.additive_mask:
+            return visible[:, None]
+        blocked = torch.zeros(visible.shape, dtype=self.pool.dtype, device=visible.device)
+        return blocked.masked_fill(~visible, torch.finfo(self.pool.dtype).min)[:, None]
+
+
+def forward(text_model, view: BatchView, embeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Final hidden states (B, n, H) of a Qwen2.5-Omni text model (thinker or talker) run on
+    `embeds` (B, n, H) at rope `positions` (3, B, n), reading and writing the pool through
+    `view` (already pointed, its window chosen)."""
+    out = text_model(inputs_embeds=embeds, position_ids=positions, past_key_values=view,
+                     attention_mask={"full_attention": view.mask()}, use_cache=True,
+                     return_dict=True)
+    return out.last_hidden_state
+
+
+def _window_sizes(capacity: int) -> list[int]:
+    sizes, size = [], SMALLEST_WINDOW
+    while size < capacity:
+        sizes.append(size)
+        size *= 2
+    return sizes + [capacity]

@@ -1,0 +1,371 @@
+"""The model runner: executes on the device what the scheduler decided, nothing more.
+
+It owns the device memory: the thinker's and talker's KV pools (one slot per reply that may
+run at once), the talker's per-slot code history (for the repetition penalty), the audio
+encoder's output cache, and the CUDA graphs. Its operations:
+
+- `prefill(...)`: one chunk of one reply's prompt into its slot (thinker, and the talker's
+  prompt part in lockstep: the talker reads the thinker's states of the same tokens);
+- `thinker_step(...)`: one decode step for a batch of replies (each feeds one token);
+- `talker_start(...)` / `talker_step(...)`: the talker's prefill tail for one reply, and one
+  decode step for a batch, each sampling the next code on the device;
+- token2wav (`self.token2wav`): DiT windows and vocoder chunks of many replies at once.
+
+Decode steps run from CUDA graphs captured per (batch-size bucket, attention window) at
+start-up; on the CPU the same code runs eagerly. A step's outputs are copied out before the
+next step, since every graph's outputs are overwritten by its next replay.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from functools import partial
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as omni
+
+from .cuda_graphs import CapturedStep, batch_buckets, bucket_for
+from .kv_pool import BatchView, KVPool, forward
+from .prompt import Clip, Prompt, audio_features
+from .sampling import SamplingParams, TokenSampler
+from .talker import suppressed_codes
+from .token2wav_runner import Token2WavRunner
+from .token2wav_stream import ChunkPlan
+
+logger = logging.getLogger(__name__)
+
+ENCODER_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+class ModelRunner:
+    def __init__(self, model, feature_extractor, *, slots: int, thinker_capacity: int,
+                 talker_capacity: int, talker_sampling: SamplingParams, chunk_plan: ChunkPlan,
+                 device: torch.device, cuda_graphs: bool, encoder_cache_bytes: int) -> None:
+        started = time.monotonic()
+        self.model = model
+        self.thinker = model.thinker
+        self.talker = model.talker
+        self.device = device
+        self.slots = slots
+        text_config = self.thinker.config.text_config
+        dtype = self.thinker.lm_head.weight.dtype
+        self.thinker_pool = KVPool(text_config, slots, thinker_capacity, device, dtype)
+        self.talker_pool = KVPool(self.talker.config, slots, talker_capacity, device,
+                                  self.talker.codec_head.weight.dtype)
+        config = self.talker.config
+        self.codec_mask = config.tts_codec_mask_token_id
+        self.codec_pad = config.tts_codec_pad_token_id
+        self.codec_bos = config.tts_codec_start_token_id
+        # codes each slot has produced, by KV position + 1, padded with the codec mask code
+        # (which the prompt part always holds, so the penalty sees the same set of codes)
+        self.talker_history = torch.full((slots + 1, talker_capacity + 1), self.codec_mask,
+                                         dtype=torch.long, device=device)
+        codebook = model.token2wav.code2wav_dit_model.config.num_embeds + 1
+        self.talker_sampler = TokenSampler(talker_sampling, device,
+                                           suppress_ids=suppressed_codes(config, codebook))
+        self.is_end = torch.zeros((1, config.vocab_size), dtype=torch.bool, device=device)
+        self.is_end[0, [config.tts_codec_pad_token_id, config.tts_codec_end_token_id]] = True
+        embed = self.thinker.get_input_embeddings()
+        with torch.inference_mode():
+            ids = torch.tensor([[config.tts_text_end_token_id, config.tts_text_pad_token_id]], device=device)
+            pair = embed(ids)
+            self.text_eos, self.text_pad = pair[:, :1].clone(), pair[:, 1:].clone()
+            self.codec_pad_embed = self.talker.get_input_embeddings()(
+                torch.tensor([[self.codec_pad, self.codec_bos]], device=device))
+        self.encoder_cache = AudioEncoderCache(self.thinker, feature_extractor, device, dtype,
+                                               encoder_cache_bytes)
+        self.buckets = batch_buckets(slots)
+        self.graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
+        self.thinker_decode = _ThinkerDecode(self, cuda_graphs)
+        self.talker_decode = _TalkerDecode(self, cuda_graphs)
+        self.token2wav = Token2WavRunner(model.token2wav, model.speaker_map, chunk_plan, device,
+                                         cuda_graphs, max_batch=slots)
+        self._prefill_views = {}
+        logger.info("model runner: %d KV slots (thinker %d tokens, talker %d), batch buckets %s, "
+                    "CUDA graphs %s, in %.1f s", slots, thinker_capacity, talker_capacity,
+                    self.buckets, "on" if cuda_graphs else "off", time.monotonic() - started)
+
+    # ----------------------------------------------------------------- prefill
+
+    def prefill(self, slot: int, prompt: Prompt, start: int, end: int,
+                thinker_positions: torch.Tensor,
+                talker_positions: torch.Tensor | None) -> torch.Tensor | None:
+        """Prompt tokens [start, end) into `slot`; with `talker_positions` the same tokens of
+        the talker's prompt part too. Returns the logits after the last prompt token when
+        `end` is the prompt's end, else None."""
+        ids = prompt.input_ids[:, start:end]
+        embeds = self.thinker.get_input_embeddings()(ids.to(self.device))
+        talker_embeds = embeds
+        audio_id = self.thinker.config.audio_token_id
+        where = (ids[0] == audio_id).nonzero().squeeze(1)
+        if where.numel():
+            first_row = int((prompt.input_ids[0, :start] == audio_id).sum())
+            rows = self.encoder_cache.rows(prompt.clips, first_row, where.numel()).to(embeds.dtype)
+            where = where.to(self.device)
+            # = masked_scatter / masked_fill over the audio positions, without their host sync;
+            # the talker sees zero embeddings there, as generate() hands them to it
+            talker_embeds = embeds.index_fill(1, where, 0.0)
+            embeds = embeds.index_copy(1, where, rows[None])
+        view = self._prefill_view(self.thinker_pool, end - start)
+        view.point([slot], [start])
+        view.window = self.thinker_pool.window_for(end)
+        hidden = forward(self.thinker.model, view, embeds, thinker_positions[:, :, start:end].to(self.device))
+        if talker_positions is not None:
+            states = hidden + talker_embeds
+            view = self._prefill_view(self.talker_pool, end - start)
+            view.point([slot], [start])
+            view.window = self.talker_pool.window_for(end)
+            forward(self.talker.model, view, self.talker.thinker_to_talker_proj(states),
+                    talker_positions[:, :, start:end].to(self.device))
+        if end < prompt.length:
+            return None
+        return self.thinker.lm_head(hidden[:, -1])
+
+    def _prefill_view(self, pool: KVPool, length: int) -> BatchView:
+        key = (id(pool), length)
+        view = self._prefill_views.get(key)
+        if view is None:
+            if len(self._prefill_views) > 64:
+                self._prefill_views.clear()
+            view = self._prefill_views[key] = BatchView(pool, 1, length)
+        return view
+
+    # ----------------------------------------------------------------- decode
+
+    def thinker_step(self, slots: list[int], tokens: list[int], lengths: list[int],
+                     rope_deltas: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Feed tokens[i] into slots[i] at KV position lengths[i]: (B, 1, H) embeddings and
+        hidden states and (B, vocab) logits (copies)."""
+        return self.thinker_decode(slots, tokens, lengths, rope_deltas)
+
+    def talker_start(self, slot: int, first_input: torch.Tensor, speaker_bos: torch.Tensor,
+                     positions: torch.Tensor, length: int, end_masked: bool,
+                     generator: torch.Generator) -> int:
+        """The talker's prefill tail for one reply: the speaker's bos and the first reply
+        element (with the codec pad and bos embeddings added) at KV positions length, length+1;
+        returns the first code."""
+        inputs = torch.cat([speaker_bos, first_input], dim=1) + self.codec_pad_embed
+        history = self.talker_history[slot]
+        history.fill_(self.codec_mask)
+        history[length] = self.codec_pad
+        history[length + 1] = self.codec_bos
+        view = self._prefill_view(self.talker_pool, 2)
+        view.point([slot], [length])
+        view.window = self.talker_pool.window_for(length + 2)
+        hidden = forward(self.talker.model, view, self.talker.thinker_to_talker_proj(inputs),
+                         positions.to(self.device))
+        logits = self.talker.codec_head(hidden[:, -1])
+        noise = torch.ones_like(logits, dtype=torch.float32)
+        if self.talker_sampler.params.do_sample:
+            self.talker_sampler.draw_noise(noise, generator)
+        mask_end = torch.tensor([[end_masked]], device=self.device)
+        rows = torch.tensor([slot], device=self.device)
+        code = self.sample_codes(logits, rows, torch.tensor([length + 1], device=self.device),
+                                 mask_end, noise)
+        return int(code[0, 0])
+
+    def talker_step(self, slots: list[int], codes: list[int], inputs: list[torch.Tensor],
+                    lengths: list[int], rope_deltas: list[int], end_masked: list[bool],
+                    generators: list[torch.Generator]) -> list[int]:
+        """One talker step per reply: the codec embedding of its last code + its reply
+        element, written at KV position lengths[i]; returns each reply's next code."""
+        return self.talker_decode(slots, codes, inputs, lengths, rope_deltas, end_masked, generators)
+
+    def sample_codes(self, logits: torch.Tensor, rows: torch.Tensor, last_positions: torch.Tensor,
+                     mask_end: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """(B, 1) codes from talker logits (B, vocab) with each row's history, end codes masked
+        where `mask_end` (B, 1); records them in the history (no host synchronisation)."""
+        masked = torch.where(mask_end & self.is_end, float("-inf"), logits)
+        history = self.talker_history.index_select(0, rows) if self.talker_sampler.needs_history else None
+        code = self.talker_sampler.sample_on_device(masked, history, noise)
+        self.talker_history.index_put_((rows, last_positions + 1), code[:, 0])
+        return code
+
+    def release(self) -> None:
+        self.thinker_pool = self.talker_pool = self.talker_history = None
+        self.thinker_decode = self.talker_decode = self.token2wav = None
+        self.encoder_cache.clear()
+
+
+class _ThinkerDecode:
+    """The thinker's batched decode step: static inputs per batch bucket, a graph per
+    (bucket, window)."""
+
+    def __init__(self, runner: ModelRunner, cuda_graphs: bool) -> None:
+        self.runner = runner
+        pool = runner.thinker_pool
+        device = runner.device
+        self.inputs = {}
+        for batch in runner.buckets:
+            self.inputs[batch] = (torch.zeros((batch, 1), dtype=torch.long, device=device),
+                                  torch.zeros((3, batch, 1), dtype=torch.long, device=device),
+                                  BatchView(pool, batch, 1))
+        self.graphs = {}
+        if cuda_graphs:
+            for batch in runner.buckets:
+                for window in pool.windows:
+                    self.graphs[batch, window] = CapturedStep(partial(self._run, batch, window),
+                                                              pool=runner.graph_pool)
+
+    def __call__(self, slots, tokens, lengths, rope_deltas):
+        count = len(slots)
+        batch = bucket_for(count, self.runner.buckets)
+        token_buffer, positions, view = self.inputs[batch]
+        pad = batch - count
+        token_buffer.copy_(torch.tensor(tokens + [0] * pad)[:, None], non_blocking=True)
+        rope = torch.tensor([length + delta for length, delta in zip(lengths, rope_deltas)] + [0] * pad)
+        positions.copy_(rope.view(1, batch, 1).expand(3, batch, 1), non_blocking=True)
+        view.point(list(slots), list(lengths))
+        window = self.runner.thinker_pool.window_for(max(lengths) + 1)
+        graph = self.graphs.get((batch, window))
+        embeds, hidden, logits = graph.replay() if graph is not None else self._run(batch, window)
+        return embeds[:count].clone(), hidden[:count].clone(), logits[:count].clone()
+
+    def _run(self, batch: int, window: int):
+        tokens, positions, view = self.inputs[batch]
+        view.window = window
+        thinker = self.runner.thinker
+        embeds = thinker.get_input_embeddings()(tokens)
+        hidden = forward(thinker.model, view, embeds, positions)
+        return embeds, hidden, thinker.lm_head(hidden[:, -1])
+
+
+class _TalkerDecode:
+    """The talker's batched decode step, sampling inside: static inputs per batch bucket, a
+    graph per (bucket, window)."""
+
+    def __init__(self, runner: ModelRunner, cuda_graphs: bool) -> None:
+        self.runner = runner
+        pool = runner.talker_pool
+        device = runner.device
+        talker = runner.talker
+        width = talker.config.embedding_size
+        vocab = talker.config.vocab_size
+        dtype = talker.codec_head.weight.dtype
+        self.inputs = {}
+        for batch in runner.buckets:
+            self.inputs[batch] = _TalkerInputs(
+                codes=torch.zeros((batch, 1), dtype=torch.long, device=device),
+                reply=torch.zeros((batch, 1, width), dtype=dtype, device=device),
+                positions=torch.zeros((3, batch, 1), dtype=torch.long, device=device),
+                view=BatchView(pool, batch, 1),
+                noise=torch.ones((batch, vocab), dtype=torch.float32, device=device),
+                mask_end=torch.zeros((batch, 1), dtype=torch.bool, device=device))
+        self.graphs = {}
+        if cuda_graphs:
+            for batch in runner.buckets:
+                for window in pool.windows:
+                    self.graphs[batch, window] = CapturedStep(partial(self._run, batch, window),
+                                                              pool=runner.graph_pool)
+
+    def __call__(self, slots, codes, inputs, lengths, rope_deltas, end_masked, generators):
+        count = len(slots)
+        batch = bucket_for(count, self.runner.buckets)
+        buffers = self.inputs[batch]
+        pad = batch - count
+        buffers.codes.copy_(torch.tensor(codes + [0] * pad)[:, None], non_blocking=True)
+        buffers.reply[:count].copy_(torch.cat(inputs, dim=0))
+        rope = torch.tensor([length + delta for length, delta in zip(lengths, rope_deltas)] + [0] * pad)
+        buffers.positions.copy_(rope.view(1, batch, 1).expand(3, batch, 1), non_blocking=True)
+        buffers.mask_end.copy_(torch.tensor(end_masked + [False] * pad)[:, None], non_blocking=True)
+        if self.runner.talker_sampler.params.do_sample:
+            for row, generator in enumerate(generators):
+                self.runner.talker_sampler.draw_noise(buffers.noise[row:row + 1], generator)
+        buffers.view.point(list(slots), list(lengths))
+        window = self.runner.talker_pool.window_for(max(lengths) + 1)
+        graph = self.graphs.get((batch, window))
+        code = graph.replay() if graph is not None else self._run(batch, window)
+        return code[:count, 0].tolist()
+
+    def _run(self, batch: int, window: int) -> torch.Tensor:
+        buffers = self.inputs[batch]
+        view = buffers.view
+        view.window = window
+        talker = self.runner.talker
+        inputs = talker.get_input_embeddings()(buffers.codes) + buffers.reply
+        hidden = forward(talker.model, view, talker.thinker_to_talker_proj(inputs), buffers.positions)
+        logits = talker.codec_head(hidden[:, -1])
+        return self.runner.sample_codes(logits, view.rows, view.write_pos[:, -1], buffers.mask_end,
+                                        buffers.noise)
+
+
+class _TalkerInputs:
+    def __init__(self, **tensors) -> None:
+        self.__dict__.update(tensors)
+
+
+class AudioEncoderCache:
+    """Audio-encoder outputs by clip content hash, on the device, so a clip is encoded once
+    however many turns its conversation goes on; the least recently used are dropped past
+    `max_bytes`."""
+
+    def __init__(self, thinker, feature_extractor, device: torch.device, dtype: torch.dtype,
+                 max_bytes: int) -> None:
+        self.audio_tower = thinker.audio_tower
+        self.feature_extractor = feature_extractor
+        self.device = device
+        self.dtype = dtype
+        self.max_bytes = max_bytes
+        self.entries: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self.bytes = 0
+        self.encoded = 0  # clips run through the encoder (for tests and metrics)
+
+    def rows(self, clips: list[Clip], first: int, count: int) -> torch.Tensor:
+        """(count, H): the encoder output rows [first, first + count) of the clips' outputs
+        laid end to end (the prompt's audio tokens in order)."""
+        pieces, offset = [], 0
+        for clip in clips:
+            begin, end = max(first, offset), min(first + count, offset + clip.tokens)
+            if begin < end:
+                pieces.append(self.encode(clip)[begin - offset:end - offset])
+            offset += clip.tokens
+        return torch.cat(pieces, dim=0)
+
+    def encode(self, clip: Clip) -> torch.Tensor:
+        out = self.entries.get(clip.key)
+        if out is not None:
+            self.entries.move_to_end(clip.key)
+            return out
+        features, mask = audio_features(self.feature_extractor, [clip.samples])
+        out = encode_audio(self.audio_tower, features, mask, self.device, self.dtype)
+        if out.shape[0] != clip.tokens:
+            raise ValueError(f"the audio encoder gave {out.shape[0]} rows for a clip of "
+                             f"{clip.tokens} audio tokens")
+        self.encoded += 1
+        self.entries[clip.key] = out
+        self.bytes += out.numel() * out.element_size()
+        while self.bytes > self.max_bytes and len(self.entries) > 1:
+            _, dropped = self.entries.popitem(last=False)
+            self.bytes -= dropped.numel() * dropped.element_size()
+        return out
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.bytes = 0
+
+
+def encode_audio(audio_tower, features: torch.Tensor, feature_mask: torch.Tensor,
+                 device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """(audio tokens, H): the audio encoder's output for every clip, as `get_audio_features`
+    computes it. Its bookkeeping (chunking and padding the mel, index tables) runs here on
+    the CPU tensors with transformers' own helpers and is handed to the encoder precomputed;
+    `cu_seqlens` stays on the CPU because the (non-flash) encoder attention splits by it on
+    the host once per layer. Attention may use any SDPA kernel but cuDNN's, which builds and
+    caches an execution plan per shape, and the last audio chunk's length changes with every
+    utterance."""
+    lengths = feature_mask.sum(dim=1)
+    flat = features.permute(0, 2, 1)[feature_mask.bool()].permute(1, 0)
+    padded, chunk_lengths = omni.chunk_and_pad_features(flat, lengths, audio_tower.n_window)
+    cu_seqlens = omni.get_audio_cu_seqlens(chunk_lengths)
+    if "flash" in str(audio_tower.config._attn_implementation):
+        cu_seqlens = cu_seqlens.to(device)
+    with sdpa_kernel(ENCODER_ATTENTION):
+        out = audio_tower(
+            feature_lens=lengths, padded_feature=padded.to(device, dtype),
+            chunk_lengths=chunk_lengths.to(device),
+            valid_indices=omni.get_valid_indices(chunk_lengths).to(device),
+            pool_indices=omni.get_pool_indices(lengths).to(device), cu_seqlens=cu_seqlens)
+    return out.last_hidden_state
