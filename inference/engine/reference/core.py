@@ -128,10 +128,12 @@ class EngineCore:
             self.thinker_steps += 1
             self._guard(thinker, lambda: self._thinker_step(thinker))
         talkers = scheduler.talker_batch()
-        for reply in [r for r in talkers if not r.talker.started]:
+        starting = [r for r in talkers if not r.talker.started]
+        stepping = [r for r in talkers if r.talker.started]
+        for reply in starting:
             worked = True
             self._guard([reply], lambda: self._talker_start(reply))
-        stepping = [r for r in talkers if r.talker.started and r.phase is Phase.DECODING]
+        stepping = [r for r in stepping if r.phase is Phase.DECODING]
         if stepping:
             worked = True
             self.talker_steps += 1

@@ -140,7 +140,10 @@ class Reply:
         self.clock = PhaseClock(device)
         self.timings: dict[str, float] = {}
         seed = settings.seed if settings.seed is not None else secrets.randbits(63)
+        # sampling draws once per decode step; token2wav's noise has a stream of its own, since
+        # when its windows are made depends on the scheduler (and the seed must fix the output)
         self.generator = torch.Generator(device=device).manual_seed(seed)
+        noise_generator = torch.Generator(device=device).manual_seed(seed ^ 0x2545F4914F6CDD1D)
         self.sampler = TokenSampler(thinker_sampling, device, generator=self.generator)
         self.history = self.prompt.input_ids.to(device) if self.sampler.needs_history else None
         self.stop_ids = stop_ids
@@ -165,7 +168,7 @@ class Reply:
             min_codes = min(int(settings.min_audio_seconds * codes_per_second), max_codes)
             self.talker = TalkerTrack(talker_end_codes, min_codes, max_codes)
             self.audio = StreamingToken2Wav(token2wav_shape, voice, settings.chunk_plan,
-                                            self.generator, device, self.clock)
+                                            noise_generator, device, self.clock)
 
     # ----------------------------------------------------------------- state the scheduler reads
 

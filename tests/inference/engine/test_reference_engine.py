@@ -22,12 +22,9 @@ from inference.engine import (
     AssistantText, AudioDelta, Finished, GenerationRequest, TextDelta, ToolCall, ToolCallDelta,
     ToolResult, ToolSpec, UserAudio, UserText, create_engine,
 )
-from inference.engine.reference import static_cache as static_cache_module
-from inference.engine.reference import talker as talker_module
-from inference.engine.reference import thinker as thinker_module
-from inference.engine.reference import token2wav_runner as token2wav_runner_module
 from inference.engine.reference.detokenize import IncrementalDecoder
-from inference.engine.reference.prompt import build_messages, build_prompt
+from inference.engine.reference.prompt import audio_features, build_messages, build_prompt
+from inference.engine.reference.reply import Reply
 from inference.engine.reference.sampling import TALKER_SAMPLING, TokenSampler
 from inference.engine.reference.tiny import build_tiny_model, ensure_tiny_model
 from inference.engine.reference.token2wav_runner import Token2WavRunner
@@ -75,47 +72,6 @@ async def engine(cache_dir):
     await engine.close()
 
 
-class EagerGraph:
-    """Stands in for a captured CUDA graph on the CPU: replaying runs the captured function."""
-
-    def __init__(self, function) -> None:
-        self.function = function
-
-    def replay(self):
-        return self.function()
-
-
-GRAPH_USERS = (static_cache_module, thinker_module, talker_module, token2wav_runner_module)
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def static_engine(engine):
-    """The GPU fast path's logic on the CPU: static KV caches, prefill padded to length
-    buckets, sampling inside the talker step, padded DiT windows, with every "graph" replayed
-    eagerly (EagerGraph). Attention windows are small enough that decoding crosses from one
-    to the next (prompts are ~160 tokens); the talker samples greedily."""
-    smallest = static_cache_module.SMALLEST_WINDOW
-    static_cache_module.SMALLEST_WINDOW = 41  # windows 41, 82, 164, 328, 400
-    captured = [module.CapturedStep for module in GRAPH_USERS]
-    for module in GRAPH_USERS:
-        module.CapturedStep = EagerGraph
-    try:
-        static = create_engine("reference", "tiny-random", seed=7, max_audio_seconds=2.0,
-                               min_audio_seconds=1.0, ode_steps=4, max_new_tokens=64,
-                               static_cache=True, static_cache_tokens=400, warmup=False)
-        static.cuda_graphs = True  # the engine refuses this on a CPU; the stand-in allows it
-        static.settings = dataclasses.replace(
-            static.settings, talker_sampling=dataclasses.replace(TALKER_SAMPLING, do_sample=False))
-        await static.start_with_model(engine.loaded)
-    finally:
-        static_cache_module.SMALLEST_WINDOW = smallest
-        for module, original in zip(GRAPH_USERS, captured):
-            module.CapturedStep = original
-    yield static
-    static.loaded = None  # the model belongs to `engine`
-    await static.close()
-
-
 def speech(seconds: float = 1.0, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     return (rng.normal(0, 0.1, int(16_000 * seconds))).astype(np.float32)
@@ -152,20 +108,18 @@ def test_tiny_build_is_deterministic(cache_dir, tmp_path):
 
 
 @asyncio_module
-async def test_streamed_reply_matches_offline_generate(engine, monkeypatch):
+async def test_streamed_reply_matches_offline_generate(greedy, monkeypatch):
     """Same text tokens and same talker codes as transformers' monolithic generate()
-    (greedy talker, so both are deterministic)."""
-    greedy = dataclasses.replace(TALKER_SAMPLING, do_sample=False)
-    monkeypatch.setattr(engine, "settings",
-                        dataclasses.replace(engine.settings, talker_sampling=greedy))
+    (greedy talker, so both are deterministic), with the prompt prefilled in chunks."""
+    engine = greedy
     codes: list[int] = []
-    original = talker_module.TalkerRunner._next_code
+    original = Reply.after_talker_code
 
-    def record(self, logits):
-        codes.append(original(self, logits))
-        return codes[-1]
+    def record(self, code):
+        codes.append(code)
+        return original(self, code)
 
-    monkeypatch.setattr(talker_module.TalkerRunner, "_next_code", record)
+    monkeypatch.setattr(Reply, "after_talker_code", record)
     req = request(max_output_tokens=10)
     deltas = await collect(engine, req)
     streamed_text = "".join(d.text for d in deltas if isinstance(d, TextDelta))
@@ -185,9 +139,10 @@ async def test_streamed_reply_matches_offline_generate(engine, monkeypatch):
 
     monkeypatch.setattr(model.token2wav, "forward", fake_token2wav)
     prompt = build_prompt(processor, req)
+    features, feature_mask = audio_features(processor.feature_extractor, [c.samples for c in prompt.clips])
     sequences, _ = model.generate(
         input_ids=prompt.input_ids, attention_mask=torch.ones_like(prompt.input_ids),
-        input_features=prompt.input_features, feature_attention_mask=prompt.feature_attention_mask,
+        input_features=features, feature_attention_mask=feature_mask,
         speaker="Chelsie", thinker_max_new_tokens=10, talker_max_new_tokens=len(codes),
         talker_min_new_tokens=min(len(codes), 50),  # as the fixture's min_audio_seconds
         talker_do_sample=False, talker_eos_token_id=end_codes, talker_bad_words_ids=unusable)
@@ -225,12 +180,11 @@ async def test_audio_is_24khz_float32(engine):
     assert len(audio) == finished.output_audio_tokens * 480
     assert finished.input_audio_tokens == 25  # 1 s of input audio
     for key in ("queue_wait_s", "first_text_s", "first_audio_s", "total_s", "audio_s",
-                "prompt_s", "prefill_s", "audio_encoder_s", "talker_prefill_s",
+                "prompt_s", "prefill_s", "talker_prefill_s",
                 "first_chunk_decode_s", "first_dit_s", "first_vocoder_s"):
         assert finished.timings[key] >= 0, key
     # default plan: the first chunk (1 block = 12 codes) waits for 1 block of look-ahead
     assert finished.timings["first_chunk_codes"] == 24
-    assert finished.timings["static_decode"] == 0
 
 
 @asyncio_module
@@ -261,17 +215,17 @@ async def test_cancel_stops_the_worker_within_a_step(engine):
     async for delta in generation:
         if isinstance(delta, AudioDelta):
             break
-    steps_at_cancel = engine.decode_steps
+    steps_at_cancel = engine.core.steps
     await generation.aclose()
     for _ in range(300):
-        if engine.active_generations == 0:
+        if engine.load().running == 0:
             break
         await asyncio.sleep(0.05)
-    assert engine.active_generations == 0
-    assert engine.decode_steps - steps_at_cancel <= 1
-    stopped_at = engine.decode_steps
+    assert engine.load().running == 0
+    assert engine.core.steps - steps_at_cancel <= 1
+    stopped_at = engine.core.steps
     await asyncio.sleep(0.2)
-    assert engine.decode_steps == stopped_at
+    assert engine.core.steps == stopped_at
     # the engine is free again
     assert isinstance((await collect(engine, request(max_output_tokens=3)))[-1], Finished)
 
@@ -382,7 +336,8 @@ def test_token2wav_window_matches_the_dit_sampler(engine):
     speaker = model.speaker_map["Ethan"]
     plan = ChunkPlan(ode_steps=4)
     runner = Token2WavRunner(model.token2wav, model.speaker_map, plan, torch.device("cpu"))
-    stream = StreamingToken2Wav(runner, "Ethan", plan, torch.Generator().manual_seed(3))
+    stream = StreamingToken2Wav(runner.shape, "Ethan", plan, torch.Generator().manual_seed(3),
+                                torch.device("cpu"))
     for code in range(30):
         stream.push(code % 60)
     frames = stream.frames
@@ -393,12 +348,16 @@ def test_token2wav_window_matches_the_dit_sampler(engine):
             torch.tensor([stream.codes]), num_steps=4)
         torch.manual_seed(11)
         stream.noise = torch.randn(1, frames, model.token2wav.code2wav_dit_model.mel_dim)
-        streamed = stream._sample(0, frames, steps=4)
+        window = stream.next_window(final=True)
+        window.steps = 4
+        streamed, = runner.sample([window])
     torch.testing.assert_close(streamed, expected, rtol=1e-4, atol=1e-4)
 
 
-def test_prompt_features_equal_the_processors(engine):
-    """build_prompt pads audio only as far as needed; tokens and features match the processor."""
+def test_prompt_tokens_and_features_equal_the_processors(engine):
+    """build_prompt's tokens are the processor's; each clip's features (padded only as far as
+    needed) equal the processor's on every frame the clip has, and its frame count is the
+    processor's mask."""
     processor = engine.loaded.processor
     req = request(context=[UserAudio(speech(1.3, seed=1)), UserText("and"),
                            UserAudio(speech(0.41, seed=2))])
@@ -408,13 +367,27 @@ def test_prompt_features_equal_the_processors(engine):
     reference = processor(text=text, audio=audios, return_tensors="pt")
     assert torch.equal(prompt.input_ids, reference["input_ids"])
     mask = reference["feature_attention_mask"]
-    frames = prompt.feature_attention_mask.shape[1]
-    assert torch.equal(prompt.feature_attention_mask, mask[:, :frames])
-    assert int(mask[:, frames:].sum()) == 0
-    for clip in range(len(audios)):
-        used = mask[clip].bool()
-        torch.testing.assert_close(prompt.input_features[clip][:, used[:frames]],
-                                   reference["input_features"][clip][:, used])
+    assert [clip.frames for clip in prompt.clips] == mask.sum(dim=1).tolist()
+    for index, clip in enumerate(prompt.clips):
+        features, own_mask = audio_features(processor.feature_extractor, [clip.samples])
+        used = mask[index].bool()
+        assert int(own_mask.sum()) == clip.frames
+        torch.testing.assert_close(features[0][:, :clip.frames], reference["input_features"][index][:, used])
+
+
+def test_audio_tokens_get_content_keys(engine):
+    """Every audio token has the same id; its key says which clip and where in it."""
+    processor = engine.loaded.processor
+    one = build_prompt(processor, request(context=[UserAudio(speech(1.0, seed=1))]))
+    same = build_prompt(processor, request(context=[UserAudio(speech(1.0, seed=1))]))
+    other = build_prompt(processor, request(context=[UserAudio(speech(1.0, seed=2))]))
+    assert torch.equal(one.input_ids, other.input_ids)
+    assert np.array_equal(one.keys, same.keys)
+    audio = one.keys < 0
+    assert audio.sum() == one.audio_tokens == 25
+    assert len(set(one.keys[audio])) == 25  # distinct per position
+    assert np.array_equal(one.keys[~audio], other.keys[~audio])
+    assert not np.any(one.keys[audio] == other.keys[audio])
 
 
 def test_chunked_vocoding_equals_one_shot_vocoding(engine):
@@ -422,47 +395,29 @@ def test_chunked_vocoding_equals_one_shot_vocoding(engine):
     into what BigVGAN makes of the whole mel at once (here the right context is the true mel;
     in streaming it is the DiT's provisional look-ahead)."""
     model = engine.loaded.model
-    stream = StreamingToken2Wav(engine.token2wav, "Chelsie", ChunkPlan(), None)
+    runner = engine.runner.token2wav
+    plan = ChunkPlan(first_chunk_blocks=1, chunk_blocks=2, lookback_blocks=0)
+    stream = StreamingToken2Wav(runner.shape, "Chelsie", plan, None, torch.device("cpu"))
     mel = torch.randn(1, 80, 120, generator=torch.Generator().manual_seed(5)) - 4.0
+    for code in range(60):
+        stream.push(code)
     with torch.inference_mode():
         whole = model.token2wav.code2wav_bigvgan_model(mel).numpy()
         pieces, start = [], 0
         for length in (24, 48, 48):
             end = start + length
-            pieces.append(stream._vocode(mel[:, :, start:end], mel[:, :, end:end + 20]))
+            stream.next_window(final=length != 24 and end == 120)
+            # the window's mel, as if the DiT had made exactly `mel` (look-ahead = true mel)
+            vocoder_mel = stream.vocoder_input(mel[:, :, start:end + 24])
+            wave, = runner.vocode([vocoder_mel])
+            pieces.append(stream.take_audio(wave))
             start = end
     joined = np.concatenate(pieces)
     assert joined.shape == whole.shape
     assert np.sqrt(np.mean((joined - whole) ** 2)) < 1e-4 * np.sqrt(np.mean(whole ** 2))
 
 
-# --------------------------------------------------------------------------- fast path
-
-@asyncio_module
-async def test_fast_path_matches_the_eager_path(engine, static_engine, monkeypatch):
-    """The fast path (static KV caches, padded prefill, on-device sampling, padded DiT windows;
-    here replayed eagerly on the CPU) gives the eager path's text, codes and audio."""
-    greedy = dataclasses.replace(TALKER_SAMPLING, do_sample=False)
-    monkeypatch.setattr(engine, "settings", dataclasses.replace(engine.settings, talker_sampling=greedy))
-    codes: list[int] = []
-    original = talker_module.TalkerRunner._record
-
-    def record(self, code):
-        codes.append(code)
-        return original(self, code)
-
-    monkeypatch.setattr(talker_module.TalkerRunner, "_record", record)
-    results = []
-    for each in (engine, static_engine):
-        codes.clear()
-        deltas = await collect(each, request(max_output_tokens=20))
-        text = "".join(d.text for d in deltas if isinstance(d, TextDelta))
-        results.append((text, list(codes), audio_of(deltas), deltas[-1]))
-    (text, eager_codes, audio, finished), (fast_text, fast_codes, fast_audio, fast) = results
-    assert finished.timings["static_decode"] == 0 and fast.timings["static_decode"] == 1
-    assert fast_text == text and fast_codes == eager_codes and len(eager_codes) > 50
-    np.testing.assert_allclose(fast_audio, audio, atol=1e-5)
-
+# --------------------------------------------------------------------------- kernels
 
 def test_sampling_on_the_device_draws_what_multinomial_draws():
     """The talker's step samples as argmax(probs / exponential noise): with noise from the
@@ -478,50 +433,25 @@ def test_sampling_on_the_device_draws_what_multinomial_draws():
         assert int(on_device.sample_on_device(logits, history, noise)) == eager(logits, history)
 
 
-@asyncio_module
-async def test_a_prompt_too_long_for_the_static_cache_is_decoded_eagerly(static_engine):
-    long_text = " ".join(["Please book a table for two people at seven tonight."] * 30)
-    deltas = await collect(static_engine, request(context=[UserText(long_text)], max_output_tokens=8))
-    finished = deltas[-1]
-    assert finished.input_tokens > 400 and finished.timings["static_decode"] == 0
-    assert finished.output_text_tokens >= 1
-
-
-def test_static_cache_windows_and_mask():
-    from transformers import Qwen2_5OmniTalkerConfig
-
-    config = Qwen2_5OmniTalkerConfig(num_hidden_layers=1, num_attention_heads=2,
-                                     num_key_value_heads=1, hidden_size=8, head_dim=4)
-    cache = static_cache_module.StaticKVCache(config, 1500, torch.device("cpu"), torch.float32)
-    assert cache.windows == [512, 1024, 1500]
-    assert cache.window_for(1) == 512 and cache.window_for(513) == 1024
-    assert cache.window_for(1500) == 1500
-    with pytest.raises(ValueError):
-        cache.window_for(1501)
-    cache.window = 512
-    cache.write_at.fill_(3)
-    mask = cache.mask(2)[0, 0]
-    assert mask.shape == (2, 512)
-    assert mask[0, :4].all() and not mask[0, 4:].any()
-    assert mask[1, :5].all() and not mask[1, 5:].any()
-
-
-def test_padded_dit_window_equals_the_unpadded_one(engine):
-    """On CUDA one captured ODE solve serves windows of every length: shorter ones are padded
-    and the padding walled off in attention. The real frames come out the same."""
+def test_batched_padded_dit_windows_equal_each_window_alone(engine):
+    """Windows of several replies (different lengths and speakers) solved as one padded batch
+    give each window's mel as solved alone and unpadded: padding and other rows are walled off."""
     from inference.engine.reference.token2wav_runner import _WindowOde
+    from inference.engine.reference.token2wav_stream import MelWindow
 
     model = engine.loaded.model
     plan = ChunkPlan(ode_steps=4)
     runner = Token2WavRunner(model.token2wav, model.speaker_map, plan, torch.device("cpu"))
-    speaker = runner.speaker("Chelsie")
-    padded = _WindowOde(runner, frames=120, steps=4, speaker=speaker, capture=False)
     generator = torch.Generator().manual_seed(2)
-    for codes in ([5, 9, 13] * 8, [1, 2, 3, 4, 5] * 4 + [6]):  # 48 and 42 frames
-        noise = torch.randn(1, len(codes) * 2, 80, generator=generator)
-        with torch.inference_mode():
-            expected = runner.sample(codes, noise, speaker, steps=4)
-            mel = padded(codes, noise, speaker)
+    windows = [MelWindow(codes, torch.randn(1, len(codes) * 2, 80, generator=generator), 4, voice)
+               for codes, voice in (([5, 9, 13] * 8, "Chelsie"), ([1, 2, 3, 4, 5] * 4 + [6], "Ethan"),
+                                    ([7] * 12, "Chelsie"))]  # 48, 42 and 24 frames
+    padded = _WindowOde(runner, frames=120, steps=4, batch=4, speaker=runner.speakers["Chelsie"],
+                        capture=False)
+    with torch.inference_mode():
+        alone = [runner.sample([window])[0] for window in windows]
+        batched = padded(windows, runner.speakers)
+    for mel, expected in zip(batched, alone):
         assert mel.shape == expected.shape
         torch.testing.assert_close(mel, expected, rtol=1e-5, atol=1e-5)
 
@@ -533,7 +463,7 @@ def test_vocoder_without_host_copy_equals_bigvgan(engine):
     mel = torch.randn(1, 80, 44, generator=torch.Generator().manual_seed(4)) - 4.0
     with torch.inference_mode():
         expected = vocoder(mel)
-        wave = mel_to_wave(vocoder, mel, engine.token2wav.min_level)
+        wave = mel_to_wave(vocoder, mel, engine.runner.token2wav.min_level)
     assert torch.equal(wave.reshape(-1), expected.reshape(-1))
 
 
@@ -543,15 +473,349 @@ def test_first_chunk_can_skip_its_lookahead(engine):
     plan = ChunkPlan(first_lookahead_blocks=0, first_ode_steps=2, ode_steps=4)
     runner = Token2WavRunner(engine.loaded.model.token2wav, engine.loaded.model.speaker_map,
                              plan, torch.device("cpu"))
-    stream = StreamingToken2Wav(runner, "Ethan", plan, torch.Generator().manual_seed(1))
+    stream = StreamingToken2Wav(runner.shape, "Ethan", plan, torch.Generator().manual_seed(1),
+                                torch.device("cpu"))
     chunks = []
     with torch.inference_mode():
         for code in range(80):
             stream.push(code % 60)
             if stream.ready():
-                chunks.append((len(stream.codes), len(stream.decode_chunk())))
+                mel, = runner.sample([stream.next_window()])
+                wave, = runner.vocode([stream.vocoder_input(mel)])
+                chunks.append((len(stream.codes), len(stream.take_audio(wave))))
     # the first chunk after 12 codes; then 2-block chunks, each waiting for 1 block ahead
     assert chunks[:3] == [(12, 24 * 240), (48, 48 * 240), (72, 48 * 240)]
     assert stream.first_chunk_codes == 12
     assert plan.longest_window(24) == 120
     assert plan.vocoder_lengths(24) == [24, 88]
+
+
+# --------------------------------------------------------------------------- the engine loop
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def greedy(engine):
+    """An engine on the same model whose talker samples greedily, so every reply is fixed by
+    its inputs alone (the thinker's sampling and token2wav's noise are seeded per reply)."""
+    greedy = create_engine("reference", "tiny-random", seed=7, max_audio_seconds=2.0,
+                           min_audio_seconds=1.0, ode_steps=4, max_new_tokens=64, warmup=False,
+                           kv_slots=4, prefill_chunk_tokens=64)
+    greedy.settings = dataclasses.replace(
+        greedy.settings, talker_sampling=dataclasses.replace(TALKER_SAMPLING, do_sample=False))
+    await greedy.start_with_model(engine.loaded)
+    yield greedy
+    greedy.loaded = None  # the model belongs to `engine`
+    await greedy.close()
+
+
+@pytest.fixture
+def codes_by_request(monkeypatch) -> dict[str, list[int]]:
+    """Every talker code each request's reply produced, by request id."""
+    codes: dict[str, list[int]] = {}
+    original = Reply.after_talker_code
+
+    def record(self, code):
+        codes.setdefault(self.request.request_id, []).append(code)
+        return original(self, code)
+
+    monkeypatch.setattr(Reply, "after_talker_code", record)
+    return codes
+
+
+def outcome(deltas, codes: list[int] | None = None):
+    text = "".join(d.text for d in deltas if isinstance(d, TextDelta))
+    return text, list(codes or []), audio_of(deltas)
+
+
+def assert_same_reply(got, expected) -> None:
+    text, codes, audio = got
+    expected_text, expected_codes, expected_audio = expected
+    assert text == expected_text
+    assert codes == expected_codes
+    assert audio.shape == expected_audio.shape
+    np.testing.assert_allclose(audio, expected_audio, atol=2e-4)
+
+
+def turns(seed: int) -> list[GenerationRequest]:
+    """Four different first turns (different audio, text and lengths)."""
+    return [request(context=[UserAudio(speech(0.6 + 0.3 * i, seed=seed + i)), UserText(f"Turn {i}")],
+                    max_output_tokens=12 + 4 * i) for i in range(4)]
+
+
+@asyncio_module
+async def test_concurrent_replies_batched_equal_each_reply_alone(greedy, codes_by_request):
+    """The correctness bar of batching: four replies decoded together (thinker and talker steps
+    in one batch, DiT windows and vocoder chunks batched) give each reply's text tokens, codec
+    codes and audio as when it runs alone."""
+    requests = turns(seed=20)
+    for i, req in enumerate(requests):
+        req.request_id = f"alone-{i}"
+    alone = [outcome(await collect(greedy, req), codes_by_request[req.request_id]) for req in requests]
+    for i, req in enumerate(requests):
+        req.request_id = f"batched-{i}"
+    greedy.core.largest_batch = 0
+    results = await asyncio.gather(*(collect(greedy, req) for req in requests))
+    assert greedy.core.largest_batch >= 3  # they really ran as one batch
+    for i, deltas in enumerate(results):
+        assert isinstance(deltas[-1], Finished)
+        assert_same_reply(outcome(deltas, codes_by_request[f"batched-{i}"]), alone[i])
+        assert len(codes_by_request[f"batched-{i}"]) > 24
+
+
+@asyncio_module
+async def test_cancelling_one_reply_leaves_the_others_unchanged(greedy, codes_by_request):
+    requests = turns(seed=40)[:3]
+    for i, req in enumerate(requests):
+        req.request_id = f"solo-{i}"
+    alone = [outcome(await collect(greedy, req), codes_by_request[req.request_id]) for req in requests]
+    for i, req in enumerate(requests):
+        req.request_id = f"together-{i}"
+
+    async def cancelled_after_first_audio(req):
+        generation = greedy.generate(req)
+        async for delta in generation:
+            if isinstance(delta, AudioDelta):
+                break
+        await generation.aclose()
+
+    await asyncio.gather(collect(greedy, requests[0]), cancelled_after_first_audio(requests[1]),
+                         collect(greedy, requests[2]))
+    results = [None, None, None]
+    results[0], _, results[2] = await asyncio.gather(
+        collect(greedy, dataclasses.replace(requests[0], request_id="again-0")),
+        cancelled_after_first_audio(dataclasses.replace(requests[1], request_id="again-1")),
+        collect(greedy, dataclasses.replace(requests[2], request_id="again-2")))
+    for i in (0, 2):
+        assert_same_reply(outcome(results[i], codes_by_request[f"again-{i}"]), alone[i])
+    for _ in range(100):
+        if greedy.load().running == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert greedy.load().running == 0  # the cancelled reply's slot is free again
+
+
+async def conversation(engine, session_id: str | None, codes: dict, tag: str, *, turns_: int = 3):
+    """A spoken conversation: each turn adds a new user clip and the reply's transcript."""
+    context: list = []
+    replies = []
+    for turn in range(turns_):
+        context = context + [UserAudio(speech(0.5 + 0.2 * turn, seed=60 + turn))]
+        req = request(context=list(context), max_output_tokens=10, session_id=session_id)
+        req.request_id = f"{tag}-{turn}"
+        deltas = await collect(engine, req)
+        replies.append((outcome(deltas, codes.get(req.request_id)), deltas[-1]))
+        context.append(AssistantText(replies[-1][0][0]))
+    return replies
+
+
+@asyncio_module
+async def test_a_conversation_with_the_prefix_cache_gives_the_same_replies(greedy, codes_by_request):
+    """Turn after turn, the session's KV stays in its slot and only what is new is prefilled;
+    the replies are those of the same conversation with no cache at all. Past audio is never
+    encoded twice."""
+    uncached = await conversation(greedy, None, codes_by_request, "nocache")
+    greedy.runner.encoder_cache.clear()
+    encoded_before = greedy.runner.encoder_cache.encoded
+    cached = await conversation(greedy, "talk", codes_by_request, "cache")
+    for (got, finished), (expected, plain) in zip(cached, uncached):
+        assert_same_reply(got, expected)
+        assert finished.input_tokens == plain.input_tokens
+    firsts = [finished.timings for _, finished in cached]
+    assert firsts[0]["reused_tokens"] == 0
+    for later, (_, plain) in zip(firsts[1:], uncached[1:]):
+        assert later["reused_tokens"] > 0.6 * plain.input_tokens
+        assert later["prefill_tokens"] + later["reused_tokens"] == plain.input_tokens
+    # one new clip per turn, each encoded once although every turn's prompt holds them all
+    assert greedy.runner.encoder_cache.encoded - encoded_before == 3
+
+
+@asyncio_module
+async def test_edits_invalidate_exactly_what_they_change(greedy, codes_by_request):
+    """A changed conversation reuses the cached KV up to its first difference and no further:
+    new instructions, a deleted item, a truncated assistant turn, changed tools. Each reply is
+    the one a fresh, uncached engine gives."""
+    processor = greedy.loaded.processor
+    base = [UserAudio(speech(0.7, seed=81)), AssistantText("Sure, here you go."),
+            UserText("Thanks. And tomorrow?")]
+    edits = {
+        "instructions": dict(instructions="Answer in one word."),
+        "delete": dict(context=[base[0], base[2]]),
+        "truncate": dict(context=[base[0], AssistantText("Sure,"), base[2]]),
+        "tools": dict(tools=[WEATHER]),
+    }
+    from inference.engine.reference.prompt import common_prefix
+    for name, change in edits.items():
+        session = f"edit-{name}"
+        first = request(context=list(base), max_output_tokens=6, session_id=session)
+        await collect(greedy, first)
+        edited = dataclasses.replace(first, request_id=f"{name}-cached", **change)
+        deltas = await collect(greedy, edited)
+        fresh = dataclasses.replace(edited, request_id=f"{name}-fresh", session_id=None)
+        expected = await collect(greedy, fresh)
+        assert_same_reply(outcome(deltas, codes_by_request.get(f"{name}-cached")),
+                          outcome(expected, codes_by_request.get(f"{name}-fresh")))
+        old_keys = build_prompt(processor, first).keys
+        new_keys = build_prompt(processor, edited).keys
+        assert deltas[-1].timings["reused_tokens"] == common_prefix(old_keys, new_keys), name
+        assert common_prefix(old_keys, new_keys) < len(new_keys) - 1, name
+
+
+@asyncio_module
+async def test_eviction_falls_back_to_a_full_prefill(engine, codes_by_request):
+    """With one KV slot, another session's turn evicts the first session's cache: its next
+    turn prefills in full and gives the same reply."""
+    single = create_engine("reference", "tiny-random", seed=7, max_audio_seconds=2.0,
+                           min_audio_seconds=1.0, ode_steps=4, warmup=False, kv_slots=1)
+    single.settings = dataclasses.replace(
+        single.settings, talker_sampling=dataclasses.replace(TALKER_SAMPLING, do_sample=False))
+    await single.start_with_model(engine.loaded)
+    try:
+        first = request(context=[UserText("Hello there")], max_output_tokens=6, session_id="a")
+        await collect(single, first)
+        await collect(single, request(context=[UserText("Other caller")], max_output_tokens=4,
+                                      session_id="b"))
+        follow_up = dataclasses.replace(
+            first, request_id="evicted",
+            context=[UserText("Hello there"), AssistantText("Hi"), UserText("Again")])
+        deltas = await collect(single, follow_up)
+        assert deltas[-1].timings["reused_tokens"] == 0
+        assert single.scheduler.slots.evictions == 2  # b evicted a, then a evicted b
+        expected = await collect(single, dataclasses.replace(follow_up, request_id="plain",
+                                                             session_id=None))
+        assert_same_reply(outcome(deltas, codes_by_request.get("evicted")),
+                          outcome(expected, codes_by_request.get("plain")))
+    finally:
+        single.loaded = None
+        await single.close()
+
+
+@asyncio_module
+async def test_a_conversation_over_the_context_is_refused_before_any_work(greedy):
+    from inference.engine import ContextLengthExceeded
+
+    steps = greedy.core.steps
+    long_text = " ".join(["Please book a table for two people at seven tonight."] * 400)
+    with pytest.raises(ContextLengthExceeded, match="context holds"):
+        await collect(greedy, request(context=[UserText(long_text)]))
+    assert greedy.core.steps == steps
+    assert isinstance((await collect(greedy, request(max_output_tokens=3)))[-1], Finished)
+
+
+@asyncio_module
+async def test_a_long_prompt_is_prefilled_in_chunks_and_cancel_stops_it(greedy):
+    """A prompt of several chunks goes in one chunk per step; a cancel lands between two."""
+    text = " ".join(["Tell me about the weather in every city of the region today."] * 30)
+    generation = greedy.generate(request(context=[UserText(text)], max_output_tokens=4))
+    task = asyncio.ensure_future(generation.__anext__())
+    for _ in range(200):
+        if greedy.scheduler.running and greedy.scheduler.running[0].prefilled > 0:
+            break
+        await asyncio.sleep(0.001)
+    reply = greedy.scheduler.running[0]
+    assert 0 < reply.prefilled < reply.prompt.length
+    task.cancel()
+    with pytest.raises((asyncio.CancelledError, StopAsyncIteration)):
+        await task
+    await generation.aclose()
+    for _ in range(100):
+        if not greedy.scheduler.running:
+            break
+        await asyncio.sleep(0.01)
+    assert not greedy.scheduler.running
+    assert reply.prefilled < reply.prompt.length
+
+
+@asyncio_module
+async def test_load_reports_the_pool(greedy):
+    load = greedy.load()
+    assert load.capacity == 4 and load.running == 0 and load.waiting == 0
+
+
+@asyncio_module
+async def test_background_work_waits_for_realtime_replies(greedy):
+    """A background reply (e.g. a transcription) queued behind realtime ones is admitted only
+    when no realtime reply waits for a slot."""
+    from inference.engine.reference.scheduler import Scheduler, SlotTable
+
+    class Stub:
+        def __init__(self, name, background):
+            self.name, self.background, self.session_id = name, background, None
+            self.arrived, self.phase = 0.0, None
+            self.needs_talker_prefill = False
+
+        def admit(self, slot, reused, talker_reused):
+            self.slot = slot
+
+    scheduler = Scheduler(SlotTable(1), prefill_chunk_tokens=8, max_waiting=4,
+                          max_queue_wait_s=1, playback_margin_s=0.5)
+    background, realtime = Stub("bg", True), Stub("rt", False)
+    scheduler.waiting.extend([background, realtime])
+    scheduler._admit()
+    assert scheduler.running == [realtime] and list(scheduler.waiting) == [background]
+
+
+def test_the_slot_table_caches_prefixes_and_evicts_the_least_recently_used():
+    from inference.engine.reference.scheduler import CachedPrefix, SlotTable
+
+    table = SlotTable(2)
+    a, _ = table.acquire("a")
+    b, _ = table.acquire("b")
+    assert table.acquire("c") is None  # both run
+    table.release(a, CachedPrefix("a", np.arange(5), 5))
+    table.release(b, CachedPrefix("b", np.arange(3), 3))
+    slot, prefix = table.acquire("a")  # its own cache comes back
+    assert slot == a and prefix.session_id == "a"
+    table.release(slot, CachedPrefix("a", np.arange(6), 6))  # now the most recently used
+    slot, prefix = table.acquire("c")  # evicts b, the least recently used
+    assert slot == b and prefix is None and table.evictions == 1
+    table.drop_session("a")
+    assert table.available == 1 and not table.cached
+
+
+def test_the_queue_is_bounded():
+    from inference.engine import EngineOverloaded
+    from inference.engine.reference.scheduler import Scheduler, SlotTable
+
+    scheduler = Scheduler(SlotTable(1), prefill_chunk_tokens=8, max_waiting=2,
+                          max_queue_wait_s=1, playback_margin_s=0.5)
+    scheduler.add(object())
+    scheduler.add(object())
+    with pytest.raises(EngineOverloaded):
+        scheduler.add(object())
+
+
+def test_the_kv_pool_batch_equals_the_dynamic_cache(engine):
+    """Rows of different lengths decoded as one batch through the pool (gather, write at
+    per-row positions, per-row mask) give each sequence's hidden states from transformers'
+    own DynamicCache."""
+    from transformers import DynamicCache
+
+    from inference.engine.reference.kv_pool import BatchView, KVPool, forward
+
+    thinker = engine.loaded.model.thinker
+    config = thinker.config.text_config
+    pool = KVPool(config, 3, 64, torch.device("cpu"), torch.float32)
+    lengths = [5, 11, 8]
+    generator = torch.Generator().manual_seed(0)
+    sequences = [torch.randint(0, 500, (1, n + 1), generator=generator) for n in lengths]
+    embed = thinker.get_input_embeddings()
+    expected = []
+    with torch.inference_mode():
+        for slot, ids in enumerate(sequences):
+            cache = DynamicCache(config=config)
+            positions = torch.arange(ids.shape[1]).view(1, 1, -1).expand(3, 1, -1)
+            out = thinker.model(inputs_embeds=embed(ids), position_ids=positions,
+                                past_key_values=cache, use_cache=True).last_hidden_state
+            expected.append(out[:, -1])
+            # the prompt (all but the last token) into the pool, one row at a time
+            view = BatchView(pool, 1, ids.shape[1] - 1)
+            view.point([slot], [0])
+            view.window = pool.window_for(ids.shape[1])
+            forward(thinker.model, view, embed(ids[:, :-1]), positions[:, :, :-1])
+        view = BatchView(pool, 4, 1)  # one padding row
+        view.point([0, 1, 2], lengths)
+        view.window = pool.window_for(max(lengths) + 1)
+        last = torch.cat([ids[:, -1:] for ids in sequences] + [torch.zeros((1, 1), dtype=torch.long)])
+        positions = torch.tensor(lengths + [0]).view(1, 4, 1).expand(3, 4, 1)
+        hidden = forward(thinker.model, view, embed(last), positions)
+    for row, want in enumerate(expected):
+        torch.testing.assert_close(hidden[row, -1], want[0], rtol=1e-4, atol=1e-4)
