@@ -78,7 +78,7 @@ class ModelRunner:
         self.encoder_cache = AudioEncoderCache(self.thinker, feature_extractor, device, dtype,
                                                encoder_cache_bytes)
         self.buckets = batch_buckets(slots)
-        self.graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
+        self.graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs and device.type == "cuda" else None
         self.thinker_decode = _ThinkerDecode(self, cuda_graphs)
         self.talker_decode = _TalkerDecode(self, cuda_graphs)
         self.token2wav = Token2WavRunner(model.token2wav, model.speaker_map, chunk_plan, device,

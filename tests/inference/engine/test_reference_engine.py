@@ -419,6 +419,48 @@ def test_chunked_vocoding_equals_one_shot_vocoding(engine):
 
 # --------------------------------------------------------------------------- kernels
 
+class EagerGraph:
+    """Stands in for a captured CUDA graph on the CPU: replaying runs the captured function."""
+
+    def __init__(self, function, pool=None) -> None:
+        self.function = function
+
+    def replay(self):
+        return self.function()
+
+
+@asyncio_module
+async def test_the_graph_path_gives_the_eager_replies(greedy, codes_by_request, monkeypatch):
+    """The CUDA-graph path's logic on the CPU (static buffers per batch bucket, padding rows,
+    attention windows, batched DiT and vocoder buffers), every "graph" replayed eagerly, gives
+    the eager path's replies. Windows are small so decoding crosses from one to the next."""
+    from inference.engine.reference import kv_pool, runner, token2wav_runner
+
+    monkeypatch.setattr(kv_pool, "SMALLEST_WINDOW", 41)
+    for module in (runner, token2wav_runner):
+        monkeypatch.setattr(module, "CapturedStep", EagerGraph)
+    graphed = create_engine("reference", "tiny-random", seed=7, max_audio_seconds=2.0,
+                            min_audio_seconds=1.0, ode_steps=4, max_new_tokens=64, warmup=False,
+                            kv_slots=4, context_tokens=400)
+    graphed.cuda_graphs = True  # the engine refuses this on a CPU; the stand-in allows it
+    graphed.settings = greedy.settings
+    await graphed.start_with_model(greedy.loaded)
+    try:
+        assert graphed.runner.thinker_decode.graphs and graphed.runner.token2wav.graphed["ode"]
+        requests = turns(seed=90)[:3]
+        for i, req in enumerate(requests):
+            req.request_id = f"eager-{i}"
+        eager = [outcome(await collect(greedy, req), codes_by_request[req.request_id]) for req in requests]
+        for i, req in enumerate(requests):
+            req.request_id = f"graphed-{i}"
+        results = await asyncio.gather(*(collect(graphed, req) for req in requests))
+        for i, deltas in enumerate(results):
+            assert_same_reply(outcome(deltas, codes_by_request[f"graphed-{i}"]), eager[i])
+    finally:
+        graphed.loaded = None
+        await graphed.close()
+
+
 def test_sampling_on_the_device_draws_what_multinomial_draws():
     """The talker's step samples as argmax(probs / exponential noise): with noise from the
     same generator state this is torch.multinomial's own draw, token for token."""
