@@ -155,9 +155,10 @@ class EngineCore:
             [r.slot for r in replies], [r.pending_token for r in replies],
             [r.prompt.length + len(r.fed) for r in replies],
             [r.prepared.thinker_rope_delta for r in replies])
+        argmax = logits.argmax(dim=-1).tolist()  # one host sync for every greedy reply
         for row, reply in enumerate(replies):
             self._guard([reply], lambda: reply.after_thinker_step(
-                embeds[row:row + 1], hidden[row:row + 1], logits[row:row + 1]))
+                embeds[row:row + 1], hidden[row:row + 1], logits[row:row + 1], argmax[row]))
 
     def _talker_start(self, reply: Reply) -> None:
         talker = reply.talker

@@ -247,8 +247,9 @@ class Reply:
         self._take_token(self._choose(logits))
 
     def after_thinker_step(self, embeds: torch.Tensor, hidden: torch.Tensor,
-                           logits: torch.Tensor) -> None:
-        """The pending token was fed: (1, 1, H) embedding and hidden state, (1, vocab) logits."""
+                           logits: torch.Tensor, argmax: int) -> None:
+        """The pending token was fed: (1, 1, H) embedding and hidden state, (1, vocab) logits
+        and their argmax (computed for the whole batch at once)."""
         token = self.pending_token
         self.pending_token = None
         self.fed.append(token)
@@ -256,7 +257,8 @@ class Reply:
             self.talker.stream.append((token, hidden + embeds))
         if self.history is not None:
             self.history = torch.cat([self.history, torch.tensor([[token]], device=self.device)], 1)
-        self._take_token(self._choose(logits))
+        greedy = self.decoder is None and self.sampler.plain_greedy
+        self._take_token(argmax if greedy else self._choose(logits))
 
     def next_talker_input(self, text_eos: torch.Tensor, text_pad: torch.Tensor) -> tuple[int | None, torch.Tensor]:
         """Take the reply-stream element the talker's next step reads: (token id or None, its

@@ -76,6 +76,11 @@ class TokenSampler:
     def needs_history(self) -> bool:
         return self.params.repetition_penalty != 1.0
 
+    @property
+    def plain_greedy(self) -> bool:
+        """The choice is the logits' argmax (no sampling, no processor changes the order)."""
+        return not self.params.do_sample and not self.processors
+
     def __call__(self, logits: torch.Tensor, history: torch.Tensor | None = None) -> int:
         """`logits` (1, vocab); `history` (1, n) the ids the penalty looks at. Returns a token id."""
         scores = logits.float()
