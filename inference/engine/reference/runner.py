@@ -41,6 +41,7 @@ ENCODER_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
 
 
 class ModelRunner:
+    @torch.inference_mode()  # the pools and graph buffers are only ever used in inference mode
     def __init__(self, model, feature_extractor, *, slots: int, thinker_capacity: int,
                  talker_capacity: int, talker_sampling: SamplingParams, chunk_plan: ChunkPlan,
                  device: torch.device, cuda_graphs: bool, encoder_cache_bytes: int) -> None:
