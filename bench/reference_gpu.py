@@ -17,7 +17,7 @@ second by all sessions together, and its ratio to one session's), queue wait p95
 decode batch and GPU memory. The conversation prints first audio per turn and turn N / turn 2.
 
 `--variants` runs several engine configurations over the one model (the first at every
-level, the others at the first level only; see VARIANTS). `--check` first runs tiny-random in
+level, the others at `--variant-sessions`, default the first level; see VARIANTS). `--check` first runs tiny-random in
 float32 on the GPU with and without CUDA graphs and compares the replies (greedy talker): the
 graph path must not change them.
 
@@ -65,6 +65,7 @@ VARIANTS = {
     "quality": dict(ode_steps=10, chunk_blocks=2, first_lookahead_blocks=1, first_ode_steps=10),
     "latency-first": dict(first_lookahead_blocks=0),
     "steps5": dict(ode_steps=5, first_ode_steps=5),
+    "dit-bf16": dict(token2wav_dtype="bfloat16"),
 }
 
 # Finished.timings entries on the path to the first audio, printed per level (medians)
@@ -216,10 +217,12 @@ async def run(args) -> None:
     device = torch.device(args.device if args.device != "auto"
                           else ("cuda" if torch.cuda.is_available() else "cpu"))
     levels = [int(n) for n in args.sessions.split(",")]
+    variant_levels = [int(n) for n in (args.variant_sessions or str(levels[0])).split(",")]
     print(machine_info(device), flush=True)
     if args.check:
         await check_graphs(device)
-    options = dict(device=str(device), kv_slots=max(levels), context_tokens=args.context_tokens,
+    options = dict(device=str(device), kv_slots=max(levels + variant_levels),
+                   context_tokens=args.context_tokens,
                    max_audio_seconds=args.audio_seconds, min_audio_seconds=args.audio_seconds,
                    max_new_tokens=args.max_tokens, seed=0)
     for option in ("ode_steps", "first_chunk_blocks", "chunk_blocks", "lookahead_blocks"):
@@ -238,7 +241,7 @@ async def run(args) -> None:
     for index, variant in enumerate(args.variants.split(",")):
         first = index == 0
         try:
-            await run_variant(name, loaded, variant, options, levels if first else levels[:1],
+            await run_variant(name, loaded, variant, options, levels if first else variant_levels,
                               args.conversation if first else 0, args, device)
         except Exception as error:  # report and go on with the next variant
             logging.exception("variant %s failed: %s", variant, error)
@@ -375,6 +378,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--variants", default="default",
                         help=f"engine configurations, comma-separated: {', '.join(VARIANTS)}")
+    parser.add_argument("--variant-sessions", default=None,
+                        help="levels for the variants after the first (default: the first level)")
     parser.add_argument("--check", action="store_true",
                         help="first compare the CUDA-graph path with the eager path on tiny-random")
     args = parser.parse_args()

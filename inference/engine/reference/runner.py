@@ -5,7 +5,8 @@ run at once), the talker's per-slot code history (for the repetition penalty), t
 encoder's output cache, and the CUDA graphs. Its operations:
 
 - `prefill(...)`: one chunk of one reply's prompt into its slot (thinker, and the talker's
-  prompt part in lockstep: the talker reads the thinker's states of the same tokens);
+  prompt part in lockstep: the talker reads the thinker's states of the same tokens), from
+  graphs per (chunk-length bucket, attention window), the chunk padded to its bucket;
 - `thinker_step(...)`: one decode step for a batch of replies (each feeds one token);
 - `talker_start(...)` / `talker_step(...)`: the talker's prefill tail for one reply, and one
   decode step for a batch, each sampling the next code on the device;
@@ -44,7 +45,8 @@ class ModelRunner:
     @torch.inference_mode()  # the pools and graph buffers are only ever used in inference mode
     def __init__(self, model, feature_extractor, *, slots: int, thinker_capacity: int,
                  talker_capacity: int, talker_sampling: SamplingParams, chunk_plan: ChunkPlan,
-                 device: torch.device, cuda_graphs: bool, encoder_cache_bytes: int) -> None:
+                 device: torch.device, cuda_graphs: bool, encoder_cache_bytes: int,
+                 prefill_chunk_tokens: int, token2wav_dtype: torch.dtype = torch.float32) -> None:
         started = time.monotonic()
         self.model = model
         self.thinker = model.thinker
@@ -82,9 +84,17 @@ class ModelRunner:
         self.graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs and device.type == "cuda" else None
         self.thinker_decode = _ThinkerDecode(self, cuda_graphs)
         self.talker_decode = _TalkerDecode(self, cuda_graphs)
+        buckets = [size for size in PREFILL_BUCKETS if size < prefill_chunk_tokens] + [prefill_chunk_tokens]
+        hidden = text_config.hidden_size
+        self.thinker_chunk = _ChunkForward(self, self.thinker.model, self.thinker_pool, hidden,
+                                           dtype, buckets, cuda_graphs)
+        # the talker's chunks: prompt parts, and its start (speaker bos + first reply element)
+        self.talker_chunk = _ChunkForward(self, self.talker.model, self.talker_pool,
+                                          self.talker.config.embedding_size,
+                                          self.talker.codec_head.weight.dtype, [2] + buckets,
+                                          cuda_graphs, project=self.talker.thinker_to_talker_proj)
         self.token2wav = Token2WavRunner(model.token2wav, model.speaker_map, chunk_plan, device,
-                                         cuda_graphs, max_batch=slots)
-        self._prefill_views = {}
+                                         cuda_graphs, max_batch=slots, dtype=token2wav_dtype)
         logger.info("model runner: %d KV slots (thinker %d tokens, talker %d), batch buckets %s, "
                     "CUDA graphs %s, in %.1f s", slots, thinker_capacity, talker_capacity,
                     self.buckets, "on" if cuda_graphs else "off", time.monotonic() - started)
@@ -110,29 +120,11 @@ class ModelRunner:
             # the talker sees zero embeddings there, as generate() hands them to it
             talker_embeds = embeds.index_fill(1, where, 0.0)
             embeds = embeds.index_copy(1, where, rows[None])
-        view = self._prefill_view(self.thinker_pool, end - start)
-        view.point([slot], [start])
-        view.window = self.thinker_pool.window_for(end)
-        hidden = forward(self.thinker.model, view, embeds, thinker_positions[:, :, start:end].to(self.device))
+        hidden = self.thinker_chunk(slot, embeds, thinker_positions[:, :, start:end], start)
+        logits = self.thinker.lm_head(hidden[:, -1]) if end == prompt.length else None
         if talker_positions is not None:
-            states = hidden + talker_embeds
-            view = self._prefill_view(self.talker_pool, end - start)
-            view.point([slot], [start])
-            view.window = self.talker_pool.window_for(end)
-            forward(self.talker.model, view, self.talker.thinker_to_talker_proj(states),
-                    talker_positions[:, :, start:end].to(self.device))
-        if end < prompt.length:
-            return None
-        return self.thinker.lm_head(hidden[:, -1])
-
-    def _prefill_view(self, pool: KVPool, length: int) -> BatchView:
-        key = (id(pool), length)
-        view = self._prefill_views.get(key)
-        if view is None:
-            if len(self._prefill_views) > 64:
-                self._prefill_views.clear()
-            view = self._prefill_views[key] = BatchView(pool, 1, length)
-        return view
+            self.talker_chunk(slot, hidden + talker_embeds, talker_positions[:, :, start:end], start)
+        return logits
 
     # ----------------------------------------------------------------- decode
 
@@ -153,11 +145,7 @@ class ModelRunner:
         history.fill_(self.codec_mask)
         history[length] = self.codec_pad
         history[length + 1] = self.codec_bos
-        view = self._prefill_view(self.talker_pool, 2)
-        view.point([slot], [length])
-        view.window = self.talker_pool.window_for(length + 2)
-        hidden = forward(self.talker.model, view, self.talker.thinker_to_talker_proj(inputs),
-                         positions.to(self.device))
+        hidden = self.talker_chunk(slot, inputs, positions, length)
         logits = self.talker.codec_head(hidden[:, -1])
         noise = torch.ones_like(logits, dtype=torch.float32)
         if self.talker_sampler.params.do_sample:
@@ -188,7 +176,63 @@ class ModelRunner:
     def release(self) -> None:
         self.thinker_pool = self.talker_pool = self.talker_history = None
         self.thinker_decode = self.talker_decode = self.token2wav = None
+        self.thinker_chunk = self.talker_chunk = None
         self.encoder_cache.clear()
+
+
+PREFILL_BUCKETS = (64, 128, 256, 512, 1024)
+
+
+class _ChunkForward:
+    """One row's forward of up to a few hundred new tokens through a text model into its KV
+    slot (prefill chunks; the talker's start): static buffers per length bucket and a graph per
+    (bucket, attention window). A shorter input is padded after its real tokens: causal
+    attention keeps the padding out of them, and the KV positions the padding fills lie past
+    the row's content, where the next chunk or decode step writes before any query reads."""
+
+    def __init__(self, runner: ModelRunner, text_model, pool: KVPool, width: int,
+                 dtype: torch.dtype, buckets: list[int], cuda_graphs: bool, project=None) -> None:
+        self.text_model = text_model
+        self.pool = pool
+        self.project = project
+        device = runner.device
+        self.buckets = sorted(set(buckets))
+        self.inputs = {size: (torch.zeros((1, size, width), dtype=dtype, device=device),
+                              torch.zeros((3, 1, size), dtype=torch.long, device=device),
+                              BatchView(pool, 1, size)) for size in self.buckets}
+        self.graphs = {}
+        if cuda_graphs:
+            for size in self.buckets:
+                for window in pool.windows:
+                    if window >= size:
+                        self.graphs[size, window] = CapturedStep(partial(self._run, size, window),
+                                                                 pool=runner.graph_pool)
+
+    def __call__(self, slot: int, inputs: torch.Tensor, positions: torch.Tensor,
+                 start: int) -> torch.Tensor:
+        """Final hidden states (1, n, H) of `inputs` (1, n, width) written into `slot` from KV
+        position `start`, at rope `positions` (3, 1, n); valid until the next call."""
+        length = inputs.shape[1]
+        bucket = next((size for size in self.buckets if size >= length), None)
+        if bucket is not None and start + bucket <= self.pool.capacity:
+            graph = self.graphs.get((bucket, self.pool.window_for(start + bucket)))
+            if graph is not None:
+                buffer, rope, view = self.inputs[bucket]
+                buffer[:, :length].copy_(inputs)
+                rope[:, :, :length].copy_(positions, non_blocking=True)
+                view.point([slot], [start])
+                return graph.replay()[:, :length]
+        view = BatchView(self.pool, 1, length)  # eagerly, at the exact length
+        view.point([slot], [start])
+        view.window = self.pool.window_for(start + length)
+        projected = self.project(inputs) if self.project is not None else inputs
+        return forward(self.text_model, view, projected, positions.to(inputs.device))
+
+    def _run(self, bucket: int, window: int) -> torch.Tensor:
+        buffer, rope, view = self.inputs[bucket]
+        view.window = window
+        projected = self.project(buffer) if self.project is not None else buffer
+        return forward(self.text_model, view, projected, rope)
 
 
 class _ThinkerDecode:

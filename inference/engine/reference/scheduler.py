@@ -10,9 +10,12 @@ The loop asks three questions per step, in this order, and runs the answers:
    for it, or that keep talking after the text: one batch).
 3. `token2wav_batch(now)`: whose audio chunks are made now. This is where the scheduler is a
    *realtime* one: each reply has a playback clock (audio sent vs. wall time since its first
-   packet). When some listener is about to run dry (less than `playback_margin_s` of audio
-   left) or waits for a first packet, every ready chunk is made in one batch, most urgent
-   first; otherwise token2wav waits and decode steps go on, so later batches are fuller.
+   packet). A DiT window costs about as much for one reply as for sixteen, so chunks are made
+   in batches, every ready chunk at once, most urgent first: at once when a reply waits for
+   its first packet or has all its codes; when some listener has less than
+   `playback_margin_s` of audio left, but at most every `token2wav_interval_s` (when every
+   listener is short, as under overload, chunks made in one batch instead of one each step
+   keep the decode steps going); otherwise token2wav waits and decode steps go on.
 
 Background replies (input transcription) are admitted only when no realtime reply waits, get
 prefill budget only when no realtime prompt needs it, and ride along in decode batches.
@@ -101,12 +104,15 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, slots: SlotTable, *, prefill_chunk_tokens: int, max_waiting: int,
-                 max_queue_wait_s: float, playback_margin_s: float) -> None:
+                 max_queue_wait_s: float, playback_margin_s: float,
+                 token2wav_interval_s: float = 0.0) -> None:
         self.slots = slots
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.max_waiting = max_waiting
         self.max_queue_wait_s = max_queue_wait_s
         self.playback_margin_s = playback_margin_s
+        self.token2wav_interval_s = token2wav_interval_s
+        self.last_token2wav = float("-inf")
         self.waiting: deque[Reply] = deque()
         self.running: list[Reply] = []
 
@@ -162,10 +168,12 @@ class Scheduler:
         ready = [r for r in self.running if r.wants_token2wav()]
         if not ready:
             return []
-        urgent = any(r.playback_slack(now) < self.playback_margin_s or r.talker_finished
-                     for r in ready)
-        if not urgent:
+        now_please = any(r.first_audio_at is None or r.talker_finished for r in ready)
+        short = (any(r.playback_slack(now) < self.playback_margin_s for r in ready)
+                 and now - self.last_token2wav >= self.token2wav_interval_s)
+        if not (now_please or short):
             return []
+        self.last_token2wav = now
         return sorted(ready, key=lambda r: r.playback_slack(now))
 
     # ----------------------------------------------------------------- internals

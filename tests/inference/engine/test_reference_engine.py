@@ -498,6 +498,28 @@ def test_batched_padded_dit_windows_equal_each_window_alone(engine):
         torch.testing.assert_close(mel, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_a_bfloat16_dit_stays_close_to_the_float32_one(engine):
+    """token2wav_dtype=bfloat16: the DiT (a copy; the shared model stays float32) runs in
+    bfloat16 while the ODE's state stays float32; the mel follows the float32 one closely."""
+    from inference.engine.reference.token2wav_stream import MelWindow
+
+    model = engine.loaded.model
+    plan = ChunkPlan(ode_steps=4)
+    full = Token2WavRunner(model.token2wav, model.speaker_map, plan, torch.device("cpu"))
+    half = Token2WavRunner(model.token2wav, model.speaker_map, plan, torch.device("cpu"),
+                           dtype=torch.bfloat16)
+    assert model.token2wav.code2wav_dit_model.proj_out.weight.dtype == torch.float32
+    noise = torch.randn(1, 48, 80, generator=torch.Generator().manual_seed(8))
+    windows = [MelWindow([3, 5, 7] * 8, noise, 4, "Chelsie"), MelWindow([9] * 12, noise[:, :24], 4, "Ethan")]
+    with torch.inference_mode():
+        expected = full.sample(windows)
+        mels = half.sample(windows)
+    for mel, want in zip(mels, expected):
+        assert mel.dtype == torch.float32 and mel.shape == want.shape
+        error = (mel - want).abs().mean() / want.abs().mean()
+        assert error < 0.05, float(error)
+
+
 def test_vocoder_without_host_copy_equals_bigvgan(engine):
     from inference.engine.reference.token2wav_runner import mel_to_wave
 
