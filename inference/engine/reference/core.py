@@ -142,6 +142,7 @@ class EngineCore:
         if speaking:
             worked = True
             self._guard(speaking, lambda: self._token2wav(speaking))
+            scheduler.token2wav_ran(time.monotonic())
         for reply in list(scheduler.running):
             if reply.phase is Phase.DECODING and reply.complete:
                 self._guard([reply], reply.finish)

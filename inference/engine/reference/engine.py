@@ -68,7 +68,7 @@ class ReferenceEngine(OmniEngine):
         (default 10).
       playback_margin_s: audio a listener must have left before token2wav runs for anyone
         (default 0.5: while everyone has more, decode steps go first and chunks batch up);
-        token2wav_interval_s: the shortest time between two such runs (default 0.1; a first
+        token2wav_interval_s: the shortest time between two such runs (default 0.25; a first
         chunk never waits for it).
       token2wav_dtype: the DiT's dtype, "float32" (default, as transformers) or "bfloat16"
         (much faster batched in graphs; the ODE's state stays float32; the vocoder is float32).
@@ -116,7 +116,7 @@ class ReferenceEngine(OmniEngine):
                  kv_slots: int | None = None, kv_memory_fraction: float = 0.5,
                  context_tokens: int = 4096, prefill_chunk_tokens: int | None = None,
                  max_waiting: int | None = None, max_queue_wait_s: float = 10.0,
-                 playback_margin_s: float = 0.5, token2wav_interval_s: float = 0.1,
+                 playback_margin_s: float = 0.5, token2wav_interval_s: float = 0.25,
                  token2wav_dtype: str = "float32", encoder_cache_mb: int = 512,
                  max_new_tokens: int = 512, max_audio_seconds: float = 60.0,
                  min_audio_seconds: float = 0.0, max_tool_argument_tokens: int = 256,

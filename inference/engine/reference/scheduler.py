@@ -173,8 +173,12 @@ class Scheduler:
                  and now - self.last_token2wav >= self.token2wav_interval_s)
         if not (now_please or short):
             return []
-        self.last_token2wav = now
         return sorted(ready, key=lambda r: r.playback_slack(now))
+
+    def token2wav_ran(self, now: float) -> None:
+        """A token2wav batch has just finished (the interval counts from its end, so replies
+        a step or two behind the batch's join the next one instead of running alone)."""
+        self.last_token2wav = now
 
     # ----------------------------------------------------------------- internals
 

@@ -226,13 +226,17 @@ class _WindowVelocity:
         rows = code_embed.shape[0]
         positions = torch.arange(frames, device=codes.device)[None, :].repeat(rows, 1)
         self.rotary = dit.rotary_embed(code_embed, positions)
-        self.block_diff = dit._create_block_diff(code_embed)
+        # `_create_block_diff`'s (key block - query block), but (rows, 1, frames, frames) in
+        # int32: every layer compares it anew, and attention broadcasts it over the heads
+        blocks = torch.arange(frames, device=codes.device) // dit.block_size
+        block_diff = (blocks[None, :] - blocks[:, None]).to(torch.int32)
+        self.block_diff = block_diff[None, None]
         if valid_frames is not None:
             if self.cfg:
                 valid_frames = torch.cat([valid_frames, valid_frames])
             real = torch.arange(frames, device=codes.device)[None, :] < valid_frames[:, None]
             same_side = real[:, :, None] == real[:, None, :]          # (rows, frames, frames)
-            self.block_diff = torch.where(same_side[:, None], self.block_diff, _APART)
+            self.block_diff = torch.where(same_side, block_diff, _APART)[:, None]
 
     def __call__(self, time_step: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         dit = self.dit
