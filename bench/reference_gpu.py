@@ -65,6 +65,7 @@ VARIANTS = {
     "quality": dict(ode_steps=10, chunk_blocks=2, first_lookahead_blocks=1, first_ode_steps=10),
     "latency-first": dict(first_lookahead_blocks=0),
     "steps5": dict(ode_steps=5, first_ode_steps=5),
+    "dit-fp32": dict(token2wav_dtype="float32"),   # transformers' token2wav dtype
     "dit-bf16": dict(token2wav_dtype="bfloat16"),
 }
 
