@@ -12,10 +12,11 @@ The loop asks three questions per step, in this order, and runs the answers:
    *realtime* one: each reply has a playback clock (audio sent vs. wall time since its first
    packet). A DiT window costs about as much for one reply as for sixteen, so chunks are made
    in batches, every ready chunk at once, most urgent first: at once when a reply waits for
-   its first packet or has all its codes; when some listener has less than
-   `playback_margin_s` of audio left, but at most every `token2wav_interval_s` (when every
-   listener is short, as under overload, chunks made in one batch instead of one each step
-   keep the decode steps going); otherwise token2wav waits and decode steps go on.
+   its first packet or has all its codes, or a listener has less than `URGENT_S` of audio
+   left; when some listener has less than `playback_margin_s` left, but at most every
+   `token2wav_interval_s` counted from the end of the last batch (when every listener is
+   short, as under overload, chunks made in one batch instead of one each step keep the
+   decode steps going); otherwise token2wav waits and decode steps go on.
 
 Background replies (input transcription) are admitted only when no realtime reply waits, get
 prefill budget only when no realtime prompt needs it, and ride along in decode batches.
@@ -34,6 +35,11 @@ import numpy as np
 from ..exceptions import EngineOverloaded
 from .prompt import common_prefix
 from .reply import Phase, Reply
+
+
+# a listener with less audio than this left gets its chunk now, whatever the interval: about
+# what one batch of DiT windows and vocoder chunks takes on a GPU, with room to spare
+URGENT_S = 0.15
 
 
 @dataclass
@@ -168,9 +174,10 @@ class Scheduler:
         ready = [r for r in self.running if r.wants_token2wav()]
         if not ready:
             return []
-        now_please = any(r.first_audio_at is None or r.talker_finished for r in ready)
-        short = (any(r.playback_slack(now) < self.playback_margin_s for r in ready)
-                 and now - self.last_token2wav >= self.token2wav_interval_s)
+        slack = min(r.playback_slack(now) for r in ready)
+        now_please = slack < URGENT_S or any(r.first_audio_at is None or r.talker_finished
+                                             for r in ready)
+        short = slack < self.playback_margin_s and now - self.last_token2wav >= self.token2wav_interval_s
         if not (now_please or short):
             return []
         return sorted(ready, key=lambda r: r.playback_slack(now))

@@ -835,6 +835,40 @@ def test_the_slot_table_caches_prefixes_and_evicts_the_least_recently_used():
     assert table.available == 1 and not table.cached
 
 
+def test_token2wav_runs_in_batches_yet_no_listener_runs_dry():
+    from inference.engine.reference.scheduler import Scheduler, SlotTable
+
+    class Speaking:
+        def __init__(self, name, sent_s, first_at):
+            self.name, self.sent_s, self.first_audio_at = name, sent_s, first_at
+            self.talker_finished = False
+
+        def wants_token2wav(self):
+            return True
+
+        def playback_slack(self, now):
+            return self.sent_s - (now - self.first_audio_at)
+
+    scheduler = Scheduler(SlotTable(4), prefill_chunk_tokens=8, max_waiting=4, max_queue_wait_s=1,
+                          playback_margin_s=0.5, token2wav_interval_s=0.25)
+    comfortable, short, dry = Speaking("a", 2.0, 0.0), Speaking("b", 0.9, 0.5), Speaking("c", 0.3, 0.9)
+    scheduler.running = [comfortable]
+    assert scheduler.token2wav_batch(1.0) == []          # 1 s of audio left: decode goes first
+    scheduler.running = [comfortable, short]              # b has 0.4 s left
+    scheduler.token2wav_ran(0.9)
+    assert scheduler.token2wav_batch(1.0) == []          # but a batch ended 0.1 s ago
+    assert scheduler.token2wav_batch(1.2) == [short, comfortable]  # interval over: everyone ready
+    scheduler.token2wav_ran(1.0)
+    scheduler.running = [comfortable, dry]                # c has 0.1 s left: it cannot wait
+    assert scheduler.token2wav_batch(1.1) == [dry, comfortable]
+    first = Speaking("d", 0.0, 0.0)
+    first.first_audio_at = None
+    first.arrived = 0.9
+    first.playback_slack = lambda now: -(now - first.arrived)
+    scheduler.running = [comfortable, first]              # a first packet never waits
+    assert scheduler.token2wav_batch(1.0) == [first, comfortable]
+
+
 def test_the_queue_is_bounded():
     from inference.engine import EngineOverloaded
     from inference.engine.reference.scheduler import Scheduler, SlotTable
