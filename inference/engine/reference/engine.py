@@ -288,6 +288,8 @@ class ReferenceEngine(OmniEngine):
             raise EngineError("the reference engine is not started")
         voice = self._voice(request.voice)
         prepared = await asyncio.to_thread(self._prepare, request, voice)
+        if self.core is None:  # closed while the prompt was being prepared
+            raise EngineError("the reference engine is shutting down")
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         reply = Reply(
