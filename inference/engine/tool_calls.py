@@ -54,11 +54,6 @@ class ToolCallParser:
         self._pending = ""        # text not yet classified
         self._in_call = False
         self._after_call = False  # strip the whitespace that separates calls from text
-        self.calls_started = 0
-
-    @property
-    def in_call(self) -> bool:
-        return self._in_call
 
     def feed(self, piece: str) -> list[str | ToolCallDelta]:
         self._pending += piece
@@ -80,7 +75,6 @@ class ToolCallParser:
                 self._emit_text(self._pending[:start], out, final=True)
                 self._pending = self._pending[start + len(OPEN_TAG):]
                 self._in_call = True
-                self.calls_started += 1
                 continue
             # hold back a possible tag start and the whitespace before it
             tag = _partial_tag_length(self._pending)

@@ -26,7 +26,7 @@ from .constrained import CLOSING_LIMIT, GrammarFactory
 from .core import EngineCore
 from .kv_pool import kv_bytes_per_token
 from .loading import LoadedModel, load_model, resolve_device, resolve_dtype
-from .prompt import build_prompt, tools_offered
+from .prompt import build_prompt, template_tools
 from .reply import GenerationSettings, PreparedPrompt, Reply, max_new_tokens
 from .runner import ModelRunner
 from .sampling import TALKER_SAMPLING, SamplingParams
@@ -355,7 +355,7 @@ class ReferenceEngine(OmniEngine):
         choice = request.tool_choice
         if choice in ("auto", "none"):
             return None
-        tools = [entry["function"] for entry in tools_offered(request)]
+        tools = [entry["function"] for entry in template_tools(request)]
         if not tools:
             raise EngineError(f"tool_choice {choice!r} needs at least one tool")
         if choice == "required":

@@ -21,13 +21,8 @@ import torch
 from ..base import (
     AssistantText, GenerationRequest, SystemText, ToolCall, ToolResult, UserAudio, UserText,
 )
+from ..chat import QWEN2_5_OMNI_SPEECH_SYSTEM_PROMPT, offered_tools
 
-# Qwen2.5-Omni only speaks when its system prompt is this one (HF warns otherwise), so the
-# request's instructions are appended to it rather than replacing it.
-OMNI_SYSTEM_PROMPT = (
-    "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of "
-    "perceiving auditory and visual inputs, as well as generating text and speech."
-)
 
 
 @dataclass
@@ -58,20 +53,19 @@ class Prompt:
         return torch.tensor([clip.frames for clip in self.clips], dtype=torch.long)
 
 
-def tools_offered(request: GenerationRequest) -> list[dict[str, Any]]:
-    """The tools as the chat template expects them; none when tool_choice is "none"."""
-    if request.tool_choice == "none":
-        return []
+def template_tools(request: GenerationRequest) -> list[dict[str, Any]]:
+    """The tools the reply may call, as the chat template expects them."""
     return [
         {"type": "function", "function": {
             "name": tool.name, "description": tool.description, "parameters": tool.parameters}}
-        for tool in request.tools
+        for tool in offered_tools(request)
     ]
 
 
 def build_messages(request: GenerationRequest) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
     """Chat messages for the template, and the user audio clips in the order they appear."""
-    system = OMNI_SYSTEM_PROMPT
+    # the talker only speaks with its own system prompt: the instructions follow it
+    system = QWEN2_5_OMNI_SPEECH_SYSTEM_PROMPT
     if request.instructions.strip():
         system += "\n\n" + request.instructions.strip()
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
@@ -116,7 +110,7 @@ def build_prompt(processor, request: GenerationRequest, forced_prefix: str = "")
     encoder frame (as the processor's __call__ does). `forced_prefix` is appended after the
     generation prompt (the start of a forced tool call)."""
     messages, audios = build_messages(request)
-    tools = tools_offered(request) or None
+    tools = template_tools(request) or None
     text = processor.apply_chat_template(
         messages, tools=tools, add_generation_prompt=True, tokenize=False)
     text += forced_prefix

@@ -20,14 +20,8 @@ from ..base import (
     INPUT_SAMPLE_RATE, AssistantText, GenerationRequest, SystemText, ToolCall, ToolResult,
     ToolSpec, UserAudio, UserText,
 )
+from ..chat import QWEN2_5_OMNI_SPEECH_SYSTEM_PROMPT, offered_tools
 from ..tool_calls import CLOSE_TAG, OPEN_TAG
-
-# Qwen2.5-Omni's talker was trained with this exact system prompt; with another one, its
-# model card warns, speech output may not work. Our instructions follow it.
-QWEN2_5_OMNI_SPEECH_SYSTEM_PROMPT = (
-    "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of "
-    "perceiving auditory and visual inputs, as well as generating text and speech."
-)
 
 
 def load_processor(model: str) -> Any:
@@ -117,13 +111,6 @@ class PromptBuilder:
             messages.append({"role": "tool", "tool_call_id": result.call_id, "content": result.output})
         else:
             _user_part(messages, {"type": "text", "text": f"<tool_response>\n{result.output}\n</tool_response>"})
-
-
-def offered_tools(request: GenerationRequest) -> list[ToolSpec]:
-    """The tools the model may call in this reply (none when tool_choice is "none")."""
-    if request.tool_choice == "none":
-        return []
-    return list(request.tools)
 
 
 def _user_part(messages: list[dict], part: dict) -> None:
