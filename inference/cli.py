@@ -26,6 +26,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=defaults.port)
     serve.add_argument("--insecure-no-auth", action="store_true", default=defaults.insecure_no_auth,
                        help="serve without OMNI_API_KEY (anyone who reaches the port can use the GPU)")
+    serve.add_argument("--allowed-origin", action="append", dest="allowed_origins", metavar="ORIGIN",
+                       default=None, help="without a key, a browser Origin that may open sessions, e.g. "
+                       "http://localhost:8080 (repeatable; env OMNI_ALLOWED_ORIGINS as a JSON list); "
+                       f"default: {defaults.allowed_origins or 'none'}")
     serve.add_argument("--max-sessions", type=int, default=defaults.limits.max_sessions,
                        help="concurrent sessions before new ones are refused with 503")
     serve.add_argument("--device", default=defaults.device, help="reference engine: cuda, cpu or auto")
@@ -54,9 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    origins = {} if args.allowed_origins is None else {"allowed_origins": args.allowed_origins}  # else env's
     settings = WorkerSettings(
         engine=args.engine, model=args.model, host=args.host, port=args.port,
-        insecure_no_auth=args.insecure_no_auth, device=args.device, dtype=args.dtype,
+        insecure_no_auth=args.insecure_no_auth, device=args.device, dtype=args.dtype, **origins,
         limits=Limits(max_sessions=args.max_sessions),
         engine_extra=_engine_options(args.engine_option),
     )

@@ -19,6 +19,11 @@ class WorkerMetrics:
         self.sessions_total = Counter("omni_sessions_total", "Realtime sessions accepted", registry=r)
         self.sessions_rejected = Counter(
             "omni_sessions_rejected_total", "Connections refused before the upgrade", ["reason"], registry=r)
+        self.slow_clients_dropped = Counter(
+            "omni_slow_clients_dropped_total", "Sessions dropped because the client stopped reading", registry=r)
+        self.connections_evicted = Counter(
+            "omni_connections_evicted_total", "Connections without a session closed to make room for new ones",
+            registry=r)
         self.responses = Counter("omni_responses_total", "Responses by final status", ["status"], registry=r)
         self.cancels = Counter("omni_response_cancels_total", "Responses cancelled", ["reason"], registry=r)
         self.errors = Counter("omni_errors_total", "Error events sent, by code", ["code"], registry=r)

@@ -6,14 +6,21 @@ server event classes below; nothing else builds or parses wire JSON.
 
 Only the subset in DESIGN.md is modelled. Unknown *fields* are ignored so that newer clients
 keep working; unknown *events* are answered with an `error` by the session.
+
+`decode_client_event` is the edge: size (in bytes) and nesting depth are checked on the raw
+text before it is parsed, then JSON, then Unicode (no lone surrogates anywhere), then the
+typed event. Whatever it refuses never reaches session state.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import secrets
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 
 def new_id(prefix: str) -> str:
@@ -22,7 +29,8 @@ def new_id(prefix: str) -> str:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    # NaN and infinities are not JSON; refused in numbers even if a parser let them through
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------- session config
@@ -34,9 +42,9 @@ class AudioFormat(_Model):
 
 class TurnDetection(_Model):
     type: str = "server_vad"
-    threshold: float = 0.5
-    prefix_padding_ms: int = 300
-    silence_duration_ms: int = 500
+    threshold: float = Field(0.5, ge=0.0, le=1.0)
+    prefix_padding_ms: int = Field(300, ge=0, le=10_000)
+    silence_duration_ms: int = Field(500, ge=0, le=10_000)
     create_response: bool = True
     interrupt_response: bool = True
 
@@ -51,7 +59,7 @@ class AudioInputConfig(_Model):
 class AudioOutputConfig(_Model):
     format: AudioFormat = Field(default_factory=lambda: AudioFormat(rate=24000))
     voice: str = "Chelsie"
-    speed: float = 1.0
+    speed: float = Field(1.0, ge=0.25, le=1.5)  # OpenAI's range; the engines speak at 1.0
 
 
 class AudioConfig(_Model):
@@ -72,7 +80,10 @@ class ToolChoiceFunction(_Model):
 
 
 ToolChoice = Union[Literal["auto", "none", "required"], ToolChoiceFunction]
-MaxTokens = Union[int, Literal["inf"]]
+MaxTokens = Union[Annotated[int, Field(ge=1)], Literal["inf"]]
+# Accepted for OpenAI clients that still send it (range checked), not used: sampling is an
+# engine option.
+Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
 
 
 class SessionConfig(_Model):
@@ -152,6 +163,7 @@ class ResponseParams(_Model):
     tools: list[FunctionTool] | None = None
     tool_choice: ToolChoice | None = None
     max_output_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
     metadata: dict[str, Any] | None = None
     conversation: str | None = None  # "auto" (default) or "none": out-of-band response
     input: list[Item] | None = None
@@ -189,7 +201,7 @@ class ConversationItemCreate(_ClientEvent):
 class ConversationItemTruncate(_ClientEvent):
     type: Literal["conversation.item.truncate"]
     item_id: str
-    content_index: int = 0
+    content_index: int = Field(0, ge=0)
     audio_end_ms: int = Field(ge=0)
     # Our extension: the transcript the listener actually heard (LiveKit knows it from its
     # playback-synchronised transcription). Without it the worker estimates the cut.
@@ -230,20 +242,118 @@ CLIENT_EVENTS: dict[str, type[_ClientEvent]] = {
 }
 
 
-class UnknownEventError(ValueError):
-    pass
+class EventRejected(ValueError):
+    """A client event refused at the edge; the session answers it with an `error` and goes on."""
+
+    def __init__(self, code: str, message: str, *, param: str | None = None, event_id: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.param, self.event_id = code, message, param, event_id
 
 
-def parse_client_event(data: dict[str, Any]) -> _ClientEvent:
-    """Validate one decoded JSON object as a client event.
-
-    Raises UnknownEventError for a missing or unknown `type`, pydantic.ValidationError for a
-    known event with bad fields.
-    """
-    cls = CLIENT_EVENTS.get(data.get("type"))  # type: ignore[arg-type]
+def decode_client_event(text: str, *, max_bytes: int, max_depth: int) -> _ClientEvent:
+    """One WebSocket text frame -> a typed client event, or EventRejected saying why not."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise EventRejected("event_too_large", f"event of {size} bytes is over the {max_bytes} byte limit")
+    depth = json_nesting_depth(text)
+    if depth > max_depth:
+        raise EventRejected("event_too_deep", f"event nests {depth} levels deep; the limit is {max_depth}")
+    try:
+        data = json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, NaN, ints past Python's digit limit
+        raise EventRejected("invalid_json", f"event is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise EventRejected("invalid_event", "an event must be a JSON object")
+    event_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None
+    if _ESCAPED_SURROGATE.search(text):  # lone surrogates can only arrive as \uXXXX escapes
+        where = _lone_surrogate_at(data)
+        if where is not None:
+            raise EventRejected(
+                "invalid_event", f"{where} holds a lone UTF-16 surrogate (\\ud800-\\udfff), "
+                "which is not valid Unicode text", param=where, event_id=event_id)
+    kind = data.get("type")
+    cls = CLIENT_EVENTS.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise UnknownEventError(f"unknown event type {data.get('type')!r}")
-    return cls.model_validate(data)
+        message = ("event has no type" if kind is None else
+                   f"unknown event type {_short(kind)}" if isinstance(kind, str) else
+                   f"event type must be a string, got {type(kind).__name__}")
+        raise EventRejected("unknown_event", message, param="type", event_id=event_id)
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise EventRejected("invalid_event", describe_validation_error(e, kind), param=_first_loc(e),
+                            event_id=event_id) from None
+
+
+def describe_validation_error(e: ValidationError, what: str) -> str:
+    parts = [f"{'.'.join(str(x) for x in err['loc']) or 'event'}: {err['msg']}" for err in e.errors()[:3]]
+    return f"invalid {what}: " + "; ".join(parts)
+
+
+def _first_loc(e: ValidationError) -> str | None:
+    errors = e.errors()
+    return ".".join(str(x) for x in errors[0]["loc"]) if errors else None
+
+
+# A JSON string literal, matched without backtracking (possessive), so odd input stays linear.
+_JSON_STRING = re.compile(r'"(?:[^"\\]++|\\.)*+"')
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+_BRACKETS = np.zeros(256, np.int8)
+_BRACKETS[[ord("["), ord("{")]] = 1
+_BRACKETS[[ord("]"), ord("}")]] = -1
+
+
+def json_nesting_depth(text: str) -> int:
+    """How deep arrays and objects nest in JSON text, found without parsing it."""
+    outside_strings = _JSON_STRING.sub("", text).encode("utf-8", "surrogatepass")
+    if not outside_strings:
+        return 0
+    steps = _BRACKETS[np.frombuffer(outside_strings, np.uint8)]
+    return int(np.cumsum(steps, dtype=np.int64).max(initial=0))
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _has_lone_surrogate(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _lone_surrogate_at(value: Any, path: str = "") -> str | None:
+    """The dotted path of the first string (or key) holding a lone surrogate, else None."""
+    if isinstance(value, str):
+        return path if _has_lone_surrogate(value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            here = f"{path}.{key}" if path else key
+            if _has_lone_surrogate(key):
+                return repair_text(here)
+            found = _lone_surrogate_at(item, here)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _lone_surrogate_at(item, f"{path}.{index}" if path else str(index))
+            if found is not None:
+                return found
+    return None
+
+
+def repair_text(s: str) -> str:
+    """Lone surrogates -> U+FFFD, so text that echoes client input always serialises."""
+    if not _has_lone_surrogate(s):
+        return s
+    return s.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 # --------------------------------------------------------------------------- server → client
@@ -440,7 +550,9 @@ class ResponseFunctionCallArgumentsDone(_ServerEvent):
 
 def error_event(code: str, message: str, *, event_id: str | None = None, param: str | None = None,
                 server: bool = False) -> ErrorEvent:
+    """An `error`; its texts may quote client input, so they are repaired to always serialise."""
     return ErrorEvent(error=ErrorDetail(
         type="server_error" if server else "invalid_request_error",
-        code=code, message=message, param=param, event_id=event_id,
+        code=code, message=repair_text(message), param=param and repair_text(param),
+        event_id=event_id and repair_text(event_id),
     ))

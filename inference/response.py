@@ -31,7 +31,8 @@ class ResponseRun:
     """Streams one engine generation to the client and records its items in the conversation."""
 
     def __init__(self, *, response: p.Response, request: eng.GenerationRequest, engine: eng.OmniEngine,
-                 conversation: Conversation | None, send: Send, metrics: WorkerMetrics, started_at: float) -> None:
+                 conversation: Conversation | None, send: Send, metrics: WorkerMetrics, started_at: float,
+                 event_id: str | None = None) -> None:
         self.response = response
         self.request = request
         self._engine = engine
@@ -39,6 +40,7 @@ class ResponseRun:
         self._send = send
         self._metrics = metrics
         self._started_at = started_at
+        self._event_id = event_id  # of the response.create, for the error a refusal sends
         self._audio = "audio" in request.modalities
         self._message: Entry | None = None  # the assistant message being streamed
         self._first_audio_at: float | None = None
@@ -76,9 +78,14 @@ class ResponseRun:
             await self._finish("cancelled", {"type": "cancelled", "reason": self.cancel_reason})
         elif finished is None:
             failure = failure or eng.EngineError("the engine ended without finishing")
-            code = "engine_overloaded" if isinstance(failure, eng.EngineOverloaded) else "engine_error"
+            code = _FAILURE_CODES.get(type(failure), "engine_error")
+            if code != "engine_error":  # a refusal before any GPU work: the client can act on it
+                self._metrics.errors.labels(code).inc()
+                await self._send(p.error_event(code, str(failure), event_id=self._event_id,
+                                               server=code == "engine_overloaded"))
             await self._finish("failed", {"type": "failed", "error": {
-                "type": "server_error", "code": code, "message": str(failure)}})
+                "type": "server_error" if code != "context_length_exceeded" else "invalid_request_error",
+                "code": code, "message": str(failure)}})
         else:
             self._record_usage(finished)
             if finished.reason == "length":
@@ -193,6 +200,9 @@ class ResponseRun:
         audio_s = self._audio_samples / eng.OUTPUT_SAMPLE_RATE
         if audio_s > 0:
             self._metrics.realtime_factor.observe((time.perf_counter() - self._started_at) / audio_s)
+
+
+_FAILURE_CODES = {eng.EngineOverloaded: "engine_overloaded", eng.ContextLengthExceeded: "context_length_exceeded"}
 
 
 def _wire_part(part: p.ContentPart) -> p.ContentPart:

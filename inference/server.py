@@ -3,6 +3,12 @@
 It accepts connections and hands each WebSocket to its own `RealtimeSession`; it holds no
 conversation state itself. The engine is started by `serve()` after the socket is listening,
 so `/health` can answer 503 while the model loads and warms up.
+
+Hostile connections are bounded before they cost anything: a connection must send a whole
+request head within `header_timeout_s` (aiohttp's keep-alive timer, which runs from the
+connect), at most `max_pending_connections` connections without a session are kept (a new one
+closes the oldest, so a flood of half-open requests cannot starve `/health` or real
+clients of file descriptors), and each client address gets a token bucket of `/v1/` requests.
 """
 
 from __future__ import annotations
@@ -10,15 +16,18 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import resource
 import signal
 import time
-from typing import Literal
+from typing import Callable, Literal
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import engine as eng
-from .config import WorkerSettings
+from . import log_redaction
+from .config import Limits, WorkerSettings
 from .metrics import WorkerMetrics
 from .session import RealtimeSession
 
@@ -34,6 +43,26 @@ def _http_error(status: int, code: str, message: str) -> web.Response:
     return web.json_response({"error": {"type": kind, "code": code, "message": message}}, status=status)
 
 
+class ClientRateLimiter:
+    """A token bucket per client address: `burst` requests at once, `per_s` sustained."""
+
+    MAX_CLIENTS = 10_000  # addresses remembered; full buckets are forgotten first
+
+    def __init__(self, per_s: float, burst: int) -> None:
+        self._per_s, self._burst = per_s, float(burst)
+        self._buckets: dict[str, tuple[float, float]] = {}  # address -> (tokens, when)
+
+    def allow(self, client: str, now: float) -> bool:
+        tokens, then = self._buckets.get(client, (self._burst, now))
+        tokens = min(self._burst, tokens + (now - then) * self._per_s)
+        allowed = tokens >= 1.0
+        self._buckets[client] = (tokens - 1.0 if allowed else tokens, now)
+        if len(self._buckets) > self.MAX_CLIENTS:
+            refill_s = self._burst / self._per_s
+            self._buckets = {c: b for c, b in self._buckets.items() if now - b[1] < refill_s}
+        return allowed
+
+
 class Worker:
     """The aiohttp app plus the little state it needs: readiness and the open sessions."""
 
@@ -42,7 +71,10 @@ class Worker:
         self.engine = engine
         self.metrics = WorkerMetrics()
         self.state: Literal["loading", "ready", "draining"] = "loading"
-        self.sessions: set[web.WebSocketResponse] = set()
+        self.sessions: set[RealtimeSession] = set()
+        self._session_connections: set[RequestHandler] = set()  # exempt from the pending bound
+        limits = settings.limits
+        self._rate = ClientRateLimiter(limits.client_connections_per_s, limits.client_connection_burst)
         self.app = web.Application(middlewares=[self._auth])
         self.app.add_routes([
             web.get("/health", self.health),
@@ -54,11 +86,37 @@ class Worker:
 
     @property
     def capacity(self) -> int:
+        """Sessions admitted at once (--max-sessions)."""
         return self.settings.limits.max_sessions
+
+    def protocol_factory(self, server: web.Server) -> Callable[[], RequestHandler]:
+        """aiohttp's protocol factory, closing the oldest connections without a session when full."""
+        limit = self.settings.limits.max_pending_connections
+
+        def make() -> RequestHandler:
+            pending = [h for h in server.connections
+                       if h not in self._session_connections and h.transport is not None]
+            for handler in pending[:max(0, len(pending) - limit + 1)]:  # oldest first
+                self.metrics.connections_evicted.inc()
+                handler.force_close()
+            return server()
+        return make
 
     @web.middleware
     async def _auth(self, request: web.Request, handler):
-        if request.path.startswith("/v1/") and self._key is not None:
+        if not request.path.startswith("/v1/"):
+            return await handler(request)  # /health and /metrics: for probes, never limited
+        if not self._rate.allow(request.remote or "", time.monotonic()):
+            self.metrics.sessions_rejected.labels("rate_limited").inc()
+            return _http_error(429, "rate_limited", "too many requests from this address; retry in a few seconds")
+        if self._key is None:
+            origin = request.headers.get("Origin")
+            if origin is not None and origin not in self.settings.allowed_origins:
+                # a browser page: without a key anything it loads could use the GPU
+                self.metrics.sessions_rejected.labels("origin").inc()
+                return _http_error(403, "origin_not_allowed", f"origin {origin[:200]!r} is not allowed "
+                                   "(OMNI_ALLOWED_ORIGINS); a worker without a key serves no web pages")
+        else:
             header = request.headers.get("Authorization", "")
             scheme, _, given = header.partition(" ")
             if scheme.lower() != "bearer" or not given:
@@ -70,8 +128,13 @@ class Worker:
         return await handler(request)
 
     async def health(self, request: web.Request) -> web.Response:
+        # capacity is what the agent divides by for its load report: the replies the engine holds
+        # at once when it knows, else the sessions this worker admits
         body = {"status": self.state, "engine": self.engine.name, "model": self.engine.model,
-                "sessions": len(self.sessions), "capacity": self.capacity}
+                "sessions": len(self.sessions), "capacity": self.capacity, "max_sessions": self.capacity}
+        load = self.engine.load()
+        if isinstance(load, eng.EngineLoad):
+            body.update(capacity=load.capacity, running=load.running, waiting=load.waiting)
         return web.json_response(body, status=200 if self.state == "ready" else 503)
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
@@ -90,25 +153,46 @@ class Worker:
             return _http_error(503, "capacity_exceeded",
                                f"the worker is at capacity ({self.capacity} sessions); try another worker or later")
         limits = self.settings.limits
-        ws = web.WebSocketResponse(max_msg_size=limits.max_event_bytes * HARD_MESSAGE_LIMIT_FACTOR, heartbeat=30)
-        self.sessions.add(ws)  # counted before the first await, so the capacity check cannot race
+        ws = web.WebSocketResponse(max_msg_size=limits.max_event_bytes * HARD_MESSAGE_LIMIT_FACTOR, heartbeat=30,
+                                   timeout=limits.handshake_timeout_s)
+        session = RealtimeSession(ws, request.transport, self.engine, limits, self.metrics)
+        self.sessions.add(session)  # counted before the first await, so the capacity check cannot race
+        self._session_connections.add(request.protocol)
         self.metrics.sessions_total.inc()
         self.metrics.sessions_active.inc()
         try:
             await ws.prepare(request)
-            await RealtimeSession(ws, self.engine, limits, self.metrics).run()
+            await session.run()
         finally:
-            self.sessions.discard(ws)
+            self.sessions.discard(session)
+            self._session_connections.discard(request.protocol)
             self.metrics.sessions_active.dec()
-            if not ws.closed:
-                await ws.close()
         return ws
 
     async def drain(self) -> None:
-        """Refuse new sessions and close the open ones (clients reconnect elsewhere)."""
+        """Refuse new sessions and close the open ones (clients reconnect elsewhere).
+
+        Each session gets `shutdown_grace_s` to flush its queue and take the close frame; a
+        client that does not read by then has its socket aborted.
+        """
         self.state = "draining"
-        for ws in list(self.sessions):
-            await ws.close(code=1001, message=b"worker shutting down")
+        grace = self.settings.limits.shutdown_grace_s
+        await asyncio.gather(*(s.close(1001, "worker shutting down", grace) for s in list(self.sessions)))
+
+
+def raise_file_limit() -> None:
+    """Every connection is a file descriptor: take the hard limit where the OS allows it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            log.info("open file limit raised from %d to %d", soft, target)
+            return
+        except (ValueError, OSError) as e:
+            log.warning("open file limit is %d; raising it to %d failed: %s", soft, target, e)
+            return
+    log.info("open file limit is %s", "unlimited" if soft == resource.RLIM_INFINITY else soft)
 
 
 async def serve(settings: WorkerSettings, engine: eng.OmniEngine | None = None) -> int:
@@ -119,11 +203,18 @@ async def serve(settings: WorkerSettings, engine: eng.OmniEngine | None = None) 
         except (TypeError, ValueError) as e:  # an unknown or bad --engine-option
             log.error("cannot create the %s engine: %s", settings.engine, e)
             return 2
+    log_redaction.install([settings.api_key.get_secret_value()] if settings.api_key else [])
+    raise_file_limit()
     worker = Worker(settings, engine)
-    runner = web.AppRunner(worker.app, handle_signals=False, access_log=None)
+    limits: Limits = settings.limits
+    # keepalive_timeout runs from the connect too: it is the deadline for a whole request head
+    runner = web.AppRunner(worker.app, handle_signals=False, access_log=None,
+                           keepalive_timeout=limits.header_timeout_s, shutdown_timeout=limits.shutdown_grace_s)
     await runner.setup()
+    loop = asyncio.get_running_loop()
     try:
-        await web.TCPSite(runner, settings.host, settings.port).start()
+        listener = await loop.create_server(worker.protocol_factory(runner.server), settings.host, settings.port,
+                                            reuse_address=True, backlog=1024)
     except OSError as e:
         log.error("cannot listen on %s:%s: %s", settings.host, settings.port, e)
         await runner.cleanup()
@@ -131,7 +222,6 @@ async def serve(settings: WorkerSettings, engine: eng.OmniEngine | None = None) 
     log.info("listening on http://%s:%s (health 503 until the model is warm)", settings.host, settings.port)
 
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
@@ -151,6 +241,7 @@ async def serve(settings: WorkerSettings, engine: eng.OmniEngine | None = None) 
     else:
         start_task.cancel()
     log.info("shutting down")
+    listener.close()
     await worker.drain()
     await runner.cleanup()
     await engine.close()

@@ -1,17 +1,17 @@
 """One realtime session: one WebSocket, one task that owns all of the session's state.
 
-The session task reads client events in order and applies them; the only other task is the
-current response (a child, see `inference.response`), which it starts and cancels. Errors a
-client causes are answered with an `error` event and change nothing; the socket stays open.
+The session task reads client events in order and applies them; the only other tasks are the
+current response (a child, see `inference.response`), which it starts and cancels, and the
+send queue's writer (`inference.outbox`). Errors a client causes are answered with an `error`
+event and change nothing; the socket stays open.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 from aiohttp import WSMsgType, web
@@ -23,6 +23,7 @@ from .audio import AudioFormatError, InputResampler, check_input_rate, decode_pc
 from .config import Limits
 from .conversation import Conversation, ConversationError, Entry, entry_context
 from .metrics import WorkerMetrics
+from .outbox import Outbox
 from .response import ResponseRun
 from .vad import EnergyVad, SpeechStarted, SpeechStopped
 
@@ -40,9 +41,10 @@ class ClientError(Exception):
 
 
 class RealtimeSession:
-    def __init__(self, ws: web.WebSocketResponse, engine: eng.OmniEngine, limits: Limits,
-                 metrics: WorkerMetrics) -> None:
+    def __init__(self, ws: web.WebSocketResponse, transport: asyncio.BaseTransport | None, engine: eng.OmniEngine,
+                 limits: Limits, metrics: WorkerMetrics) -> None:
         self._ws = ws
+        self._transport = transport
         self._engine = engine
         self._limits = limits
         self._metrics = metrics
@@ -56,7 +58,7 @@ class RealtimeSession:
         self._vad_item_id: str | None = None
         self._response: ResponseRun | None = None
         self._response_task: asyncio.Task[None] | None = None
-        self._send_lock = asyncio.Lock()
+        self._outbox: Outbox | None = None  # made in run(): it starts a task
         self._handlers = {
             "session.update": self._session_update,
             "input_audio_buffer.append": self._append,
@@ -74,36 +76,56 @@ class RealtimeSession:
 
     async def run(self) -> None:
         log.info("session %s opened", self.config.id)
+        self._outbox = Outbox(self._ws, self._transport, self._limits.max_send_queue_bytes, self._on_overflow)
         await self.send(p.SessionCreated(session=self.config))
+        loop = asyncio.get_running_loop()
+        idle_s = self._limits.idle_timeout_s
+        idle_deadline = loop.time() + idle_s  # only client events move it: pings and pongs do not
         try:
-            while not self._ws.closed:
+            while self._outbox.open:
                 try:
-                    msg = await self._ws.receive(timeout=self._limits.idle_timeout_s)
-                except asyncio.TimeoutError:
-                    if self._response_task is not None:
-                        continue  # the client is listening to a reply, not idle
-                    await self._error("idle_timeout",
-                                      f"no client event for {self._limits.idle_timeout_s:g} s; closing the session")
-                    await self._ws.close(code=1000, message=b"idle timeout")
+                    # aiohttp answers pings inside receive() and restarts its own timeout on each
+                    # one, so the deadline is kept out here, around the whole call
+                    async with asyncio.timeout(max(0.0, idle_deadline - loop.time())):
+                        msg = await self._ws.receive()
+                except TimeoutError:
+                    if self._response_task is not None:  # the client is listening to a reply, not idle
+                        idle_deadline = loop.time() + idle_s
+                        continue
+                    await self._error("idle_timeout", f"no client event for {idle_s:g} s; closing the session")
+                    await self.close(1000, "idle timeout", self._limits.handshake_timeout_s)
                     break
                 if msg.type == WSMsgType.TEXT:
+                    idle_deadline = loop.time() + idle_s
                     await self._on_text(msg.data)
                 elif msg.type == WSMsgType.BINARY:
+                    idle_deadline = loop.time() + idle_s
                     await self._error("invalid_event", "binary frames are not supported; send JSON text events")
                 else:  # CLOSE, CLOSING, CLOSED, ERROR
                     break
         finally:
             await self._cancel_response("client_disconnected")
+            try:
+                self._engine.end_session(self.config.id)
+            except Exception:
+                log.exception("session %s: the engine failed to end the session", self.config.id)
+            await self._outbox.close(1000, b"", self._limits.handshake_timeout_s)
             log.info("session %s closed", self.config.id)
 
+    async def close(self, code: int, reason: str, timeout: float) -> None:
+        """Send what is queued and a close frame; abort the socket when the client is not reading."""
+        if self._outbox is not None:
+            await self._outbox.close(code, reason.encode(), timeout)
+
     async def send(self, event: p._ServerEvent) -> None:
-        if self._ws.closed:
-            return
-        async with self._send_lock:
-            try:
-                await self._ws.send_str(event.to_json())
-            except ConnectionError:
-                pass  # the reader sees the close and ends the session
+        """Queue a server event; never waits for the client (see `inference.outbox`)."""
+        if self._outbox is not None:
+            self._outbox.put(event.to_json())
+
+    def _on_overflow(self, queued_bytes: int) -> None:
+        self._metrics.slow_clients_dropped.inc()
+        log.warning("session %s: dropping the client: %d bytes wait for it to read (limit %d)",
+                    self.config.id, queued_bytes, self._limits.max_send_queue_bytes)
 
     async def _error(self, code: str, message: str, *, event_id: str | None = None,
                      param: str | None = None, server: bool = False) -> None:
@@ -111,38 +133,22 @@ class RealtimeSession:
         await self.send(p.error_event(code, message, event_id=event_id, param=param, server=server))
 
     async def _on_text(self, data: str) -> None:
-        if len(data) > self._limits.max_event_bytes:
-            await self._error("event_too_large",
-                              f"event of {len(data)} bytes is over the {self._limits.max_event_bytes} byte limit")
-            return
         try:
-            raw = json.loads(data)
-        except json.JSONDecodeError as e:
-            await self._error("invalid_json", f"event is not valid JSON: {e}")
-            return
-        if not isinstance(raw, dict):
-            await self._error("invalid_event", "an event must be a JSON object")
-            return
-        event_id = raw.get("event_id") if isinstance(raw.get("event_id"), str) else None
-        try:
-            event = p.parse_client_event(raw)
-        except p.UnknownEventError as e:
-            await self._error("unknown_event", str(e), event_id=event_id, param="type")
-            return
-        except ValidationError as e:
-            await self._error("invalid_event", _describe(e, raw.get("type")), event_id=event_id,
-                              param=_first_loc(e))
+            event = p.decode_client_event(data, max_bytes=self._limits.max_event_bytes,
+                                          max_depth=self._limits.max_event_depth)
+        except p.EventRejected as e:
+            await self._error(e.code, e.message, event_id=e.event_id, param=e.param)
             return
         try:
             await self._handlers[event.type](event)  # type: ignore[attr-defined]
         except (ClientError, ConversationError) as e:
-            await self._error(e.code, e.message, event_id=event_id, param=e.param)
+            await self._error(e.code, e.message, event_id=event.event_id, param=e.param)
         except AudioFormatError as e:
-            await self._error("invalid_audio", str(e), event_id=event_id, param="audio")
+            await self._error("invalid_audio", str(e), event_id=event.event_id, param="audio")
         except Exception:  # a bug of ours must not take the session down
-            log.exception("session %s: failed to handle %s", self.config.id, raw.get("type"))
-            await self._error("internal_error", f"the worker failed to handle {raw.get('type')}",
-                              event_id=event_id, server=True)
+            log.exception("session %s: failed to handle %s", self.config.id, event.type)  # type: ignore[attr-defined]
+            await self._error("internal_error", f"the worker failed to handle {event.type}",  # type: ignore[attr-defined]
+                              event_id=event.event_id, server=True)
 
     # ------------------------------------------------------------------ session
 
@@ -153,9 +159,10 @@ class RealtimeSession:
         try:
             config = p.SessionConfig.model_validate(merged)
         except ValidationError as e:
-            raise ClientError("invalid_session", _describe(e, "session.update"), "session") from None
+            raise ClientError("invalid_session", p.describe_validation_error(e, "session.update"), "session") from None
         self._check_formats(config)
         self._check_instructions(config.instructions)
+        self._check_tools(config.tools, "session.tools")
         config.audio.output.voice = self._map_voice(config.audio.output.voice)
         if config.audio.input.turn_detection and config.audio.input.turn_detection.type != "server_vad":
             log.warning("session %s: turn detection %r is served as server_vad", self.config.id,
@@ -178,12 +185,13 @@ class RealtimeSession:
         if fmt_in.type != "audio/pcm":
             raise ClientError("unsupported_audio_format",
                               f"input format {fmt_in.type!r} is not supported; use audio/pcm", "audio.input.format")
-        fmt_in.rate = fmt_in.rate or eng.INPUT_SAMPLE_RATE
+        if fmt_in.rate is None:
+            fmt_in.rate = eng.INPUT_SAMPLE_RATE
         try:
             check_input_rate(fmt_in.rate)
         except AudioFormatError as e:
             raise ClientError("unsupported_audio_format", str(e), "audio.input.format.rate") from None
-        if fmt_out.type != "audio/pcm" or (fmt_out.rate or eng.OUTPUT_SAMPLE_RATE) != eng.OUTPUT_SAMPLE_RATE:
+        if fmt_out.type != "audio/pcm" or fmt_out.rate not in (None, eng.OUTPUT_SAMPLE_RATE):
             raise ClientError("unsupported_audio_format",
                               f"output is audio/pcm at {eng.OUTPUT_SAMPLE_RATE} Hz only", "audio.output.format")
         fmt_out.rate = eng.OUTPUT_SAMPLE_RATE
@@ -193,6 +201,21 @@ class RealtimeSession:
             raise ClientError("instructions_too_long",
                               f"instructions are limited to {self._limits.max_instructions_chars} characters",
                               "instructions")
+
+    def _check_text(self, text: str | None, param: str) -> None:
+        if text and len(text) > self._limits.max_text_chars:
+            raise ClientError("text_too_long", f"{param} has {len(text)} characters; the limit is "
+                              f"{self._limits.max_text_chars}", param)
+
+    def _check_tools(self, tools: Sequence[p.FunctionTool], param: str) -> None:
+        if len(tools) > self._limits.max_tools:
+            raise ClientError("too_many_tools", f"{len(tools)} tools given; the limit is {self._limits.max_tools}",
+                              param)
+        for index, tool in enumerate(tools):
+            size = len(tool.model_dump_json(include={"name", "description", "parameters"}).encode())
+            if size > self._limits.max_tool_schema_bytes:
+                raise ClientError("tool_schema_too_large", f"tool {tool.name!r} is {size} bytes as JSON; the limit "
+                                  f"is {self._limits.max_tool_schema_bytes}", f"{param}.{index}")
 
     def _map_voice(self, voice: str) -> str:
         for known in self._engine.voices:
@@ -274,24 +297,31 @@ class RealtimeSession:
         await self.send(p.ConversationItemAdded(previous_item_id=previous, item=entry.item))
         await self.send(p.ConversationItemDone(previous_item_id=previous, item=entry.item))
 
-    def _entry_from_client(self, item: p.MessageItem | p.FunctionCallItem | p.FunctionCallOutputItem) -> Entry:
+    def _entry_from_client(self, item: p.MessageItem | p.FunctionCallItem | p.FunctionCallOutputItem,
+                           param: str = "item") -> Entry:
         item = item.model_copy(deep=True)
         item.status = "completed"
         audio: dict[int, np.ndarray] = {}
-        if isinstance(item, p.MessageItem):
+        if isinstance(item, p.FunctionCallItem):
+            self._check_text(item.arguments, f"{param}.arguments")
+        elif isinstance(item, p.FunctionCallOutputItem):
+            self._check_text(item.output, f"{param}.output")
+        else:
             for index, part in enumerate(item.content):
+                self._check_text(part.text, f"{param}.content.{index}.text")
+                self._check_text(part.transcript, f"{param}.content.{index}.transcript")
                 if item.role != "assistant" and part.type in ("output_text", "output_audio"):
                     raise ClientError("invalid_content", f"a {item.role} message cannot hold {part.type}",
-                                      f"item.content[{index}].type")
+                                      f"{param}.content.{index}.type")
                 if item.role == "assistant" and part.type in ("input_text", "input_audio"):
                     raise ClientError("invalid_content", f"an assistant message cannot hold {part.type}",
-                                      f"item.content[{index}].type")
+                                      f"{param}.content.{index}.type")
                 if part.type in ("input_audio", "audio") and part.audio:
                     pcm = decode_pcm16(part.audio)
                     rate = self._resampler.rate
                     if pcm.size > self._limits.max_turn_audio_s * rate:
                         raise ClientError("audio_too_long", f"an audio item holds at most "
-                                          f"{self._limits.max_turn_audio_s:g} s", f"item.content[{index}].audio")
+                                          f"{self._limits.max_turn_audio_s:g} s", f"{param}.content.{index}.audio")
                     if item.role == "user":
                         audio[index] = to_model_rate(pcm, rate)
                     part.audio = None  # kept decoded; items echoed to clients stay small
@@ -300,6 +330,7 @@ class RealtimeSession:
         return Entry(item=item, audio=audio)
 
     async def _item_truncate(self, event: p.ConversationItemTruncate) -> None:
+        self._check_text(event.audio_transcript, "audio_transcript")
         if self._response is not None and any(i.id == event.item_id for i in self._response.response.output):
             await self._cancel_response("client_cancelled")
         self.conversation.truncate(event.item_id, event.content_index, event.audio_end_ms, event.audio_transcript)
@@ -319,9 +350,9 @@ class RealtimeSession:
     # ------------------------------------------------------------------ responses
 
     async def _response_create(self, event: p.ResponseCreate) -> None:
-        await self._start_response(event.response or p.ResponseParams())
+        await self._start_response(event.response or p.ResponseParams(), event.event_id)
 
-    async def _start_response(self, params: p.ResponseParams) -> None:
+    async def _start_response(self, params: p.ResponseParams, event_id: str | None = None) -> None:
         started_at = time.perf_counter()
         if self._response_task is not None:
             raise ClientError("conversation_already_has_active_response",
@@ -330,8 +361,10 @@ class RealtimeSession:
         self._check_instructions(params.instructions)
         out_of_band = params.conversation == "none"
         context = self.conversation.to_context() if not out_of_band else []
-        for item in params.input or []:
-            context.extend(entry_context(self._entry_from_client(item)))
+        for index, item in enumerate(params.input or []):
+            context.extend(entry_context(self._entry_from_client(item, f"response.input.{index}")))
+        if params.tools is not None:
+            self._check_tools(params.tools, "response.tools")
         tools = self.config.tools if params.tools is None else params.tools
         tool_choice = self.config.tool_choice if params.tool_choice is None else params.tool_choice
         if isinstance(tool_choice, p.ToolChoiceFunction):
@@ -360,10 +393,11 @@ class RealtimeSession:
             modalities=modalities,
             voice=voice,
             max_output_tokens=int(max_tokens),  # type: ignore[arg-type]
+            session_id=self.config.id,
         )
         run = ResponseRun(response=response, request=request, engine=self._engine,
                           conversation=None if out_of_band else self.conversation, send=self.send,
-                          metrics=self._metrics, started_at=started_at)
+                          metrics=self._metrics, started_at=started_at, event_id=event_id)
         self._response = run
         self._response_task = asyncio.create_task(self._run_response(run), name=f"response {response.id}")
 
@@ -403,13 +437,3 @@ def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
         else:
             merged[key] = value
     return merged
-
-
-def _first_loc(e: ValidationError) -> str | None:
-    errors = e.errors()
-    return ".".join(str(x) for x in errors[0]["loc"]) if errors else None
-
-
-def _describe(e: ValidationError, event_type: Any) -> str:
-    parts = [f"{'.'.join(str(x) for x in err['loc']) or 'event'}: {err['msg']}" for err in e.errors()[:3]]
-    return f"invalid {event_type}: " + "; ".join(parts)
