@@ -111,6 +111,7 @@ class SessionUpdateParams(_Model):
     tools: list[FunctionTool] | None = None
     tool_choice: ToolChoice | None = None
     max_output_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
 
 
 # --------------------------------------------------------------------------- conversation items

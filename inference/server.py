@@ -26,7 +26,7 @@ from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import engine as eng
-from . import log_redaction
+from . import logging_filters
 from .config import Limits, WorkerSettings
 from .metrics import WorkerMetrics
 from .session import RealtimeSession
@@ -203,7 +203,7 @@ async def serve(settings: WorkerSettings, engine: eng.OmniEngine | None = None) 
         except (TypeError, ValueError) as e:  # an unknown or bad --engine-option
             log.error("cannot create the %s engine: %s", settings.engine, e)
             return 2
-    log_redaction.install([settings.api_key.get_secret_value()] if settings.api_key else [])
+    logging_filters.install([settings.api_key.get_secret_value()] if settings.api_key else [])
     raise_file_limit()
     worker = Worker(settings, engine)
     limits: Limits = settings.limits

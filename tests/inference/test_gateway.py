@@ -263,3 +263,68 @@ async def test_engine_failure_fails_the_response_not_the_session(gateway):
         await c.send("response.create")
         events = await c.until_done()
     assert events[-1]["response"]["status"] == "completed"
+
+
+@pytest.mark.parametrize("refusal, code", [
+    (eng.ContextLengthExceeded(40_000, 32_768), "context_length_exceeded"),
+    (eng.EngineOverloaded("no KV memory free within 2 s"), "engine_overloaded"),
+])
+async def test_engine_refusals_are_errors_and_failed_responses(gateway, refusal, code):
+    gateway.engine.refuse = refusal
+    async with await gateway.client() as c:
+        await say(c, "hi")
+        await c.send("response.create", event_id="rc1")
+        events = await c.until_done()
+        error = next(e for e in events if e["type"] == "error")
+        assert error["error"]["code"] == code and error["error"]["event_id"] == "rc1"
+        done = events[-1]["response"]
+        assert done["status"] == "failed" and done["status_details"]["error"]["code"] == code
+        gateway.engine.refuse = None
+        await c.send("response.create")
+        assert (await c.until_done())[-1]["response"]["status"] == "completed"
+
+
+async def test_requests_carry_the_session_id_and_the_engine_hears_when_it_ends(gateway):
+    async with await gateway.client() as c:
+        await say(c, "hi")
+        await c.send("response.create")
+        await c.until_done()
+    for _ in range(50):
+        if gateway.engine.ended_sessions:
+            break
+        await asyncio.sleep(0.02)
+    session_id = gateway.engine.requests[-1].session_id
+    assert session_id and session_id.startswith("sess_")
+    assert gateway.engine.ended_sessions == [session_id]
+
+
+async def test_health_reports_the_engine_load_when_it_knows(gateway):
+    import aiohttp
+    async with aiohttp.ClientSession() as http:
+        url = str(gateway.server.make_url("/health"))
+        async with http.get(url) as r:
+            body = await r.json()
+        assert body["capacity"] == 16 and "running" not in body  # no engine report: --max-sessions
+        gateway.engine.load_report = eng.EngineLoad(running=3, waiting=1, capacity=8)
+        async with http.get(url) as r:
+            body = await r.json()
+    assert (body["capacity"], body["running"], body["waiting"], body["max_sessions"]) == (8, 3, 1, 16)
+
+
+async def test_a_client_that_does_not_read_is_dropped_and_the_session_freed():
+    from tests.support import raw_ws
+    gw = Gateway(ScriptedEngine(words=400, samples_per_word=24_000, step_s=0.0), max_send_queue_bytes=256 * 1024)
+    await gw.server.start_server()
+    try:
+        sock = await asyncio.to_thread(raw_ws.connect, gw.server.port, {"Authorization": "Bearer k"}, recv_buffer=4096)
+        raw_ws.send_event(sock, "response.create")  # 400 s of audio, ~25 MB of events; it reads none
+        for _ in range(200):
+            if not gw.worker.sessions:
+                break
+            await asyncio.sleep(0.05)
+        assert not gw.worker.sessions
+        assert gw.worker.metrics.registry.get_sample_value("omni_slow_clients_dropped_total") == 1
+        assert gw.engine.active == 0 and gw.engine.steps_run < 400  # its reply stopped too
+        sock.close()
+    finally:
+        await gw.server.close()

@@ -25,6 +25,9 @@ class ScriptedEngine(eng.OmniEngine):
         self.words, self.samples_per_word, self.step_s = words, samples_per_word, step_s
         self.tool_call = tool_call
         self.fail_after: int | None = None  # raise EngineError after this many words
+        self.refuse: eng.EngineError | None = None  # raised before any work, as a refusal is
+        self.load_report: eng.EngineLoad | None = None  # what load() answers
+        self.ended_sessions: list[str] = []
         self.requests: list[eng.GenerationRequest] = []
         self.steps_run = 0
         self.active = 0
@@ -34,6 +37,8 @@ class ScriptedEngine(eng.OmniEngine):
 
     async def generate(self, request: eng.GenerationRequest) -> AsyncIterator[eng.Delta]:
         self.requests.append(request)
+        if self.refuse is not None:
+            raise self.refuse
         self.active += 1
         try:
             if self.tool_call and request.tools:
@@ -52,3 +57,9 @@ class ScriptedEngine(eng.OmniEngine):
                                output_audio_tokens=self.words * 10, timings={"queue_wait_s": 0.0})
         finally:
             self.active -= 1
+
+    def load(self) -> eng.EngineLoad | None:
+        return self.load_report
+
+    def end_session(self, session_id: str) -> None:
+        self.ended_sessions.append(session_id)

@@ -1,8 +1,10 @@
-"""Credentials never reach a log line: a filter on every handler and on aiohttp's loggers.
+"""What reaches the worker's log: never a credential, and no traceback for a client's bad request.
 
 aiohttp's own error log quotes what it could not parse, e.g. an over-long `Authorization`
-header, so redacting only our own messages is not enough; the filter rewrites each record
-(message, arguments and traceback text) before any handler formats it.
+header, so redacting only our own messages is not enough: `RedactCredentials` rewrites each
+record (message, arguments and traceback text) on every handler and on aiohttp's loggers.
+`QuietClientErrors` turns aiohttp's "Error handling request" tracebacks for requests that
+could not be parsed (a 4xx the client caused) into one DEBUG line.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import logging
 import re
 from typing import Iterable
+
+from aiohttp.http_exceptions import HttpProcessingError
 
 REDACTED = "[redacted]"
 _PATTERNS = (
@@ -48,13 +52,27 @@ class RedactCredentials(logging.Filter):
         return True
 
 
-def install(secrets: Iterable[str] = ()) -> RedactCredentials:
-    """Redact on the root logger's handlers and on aiohttp's loggers (idempotent)."""
+class QuietClientErrors(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 400) < 500:
+            detail = " ".join(str(exc).split())
+            record.msg, record.args = "%s: %s", (record.getMessage(), detail)
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            record.exc_info, record.exc_text = None, None
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+def install(secrets: Iterable[str] = ()) -> None:
+    """Put the filters on the root logger's handlers and aiohttp's loggers (idempotent)."""
     redactor = RedactCredentials(secrets)
+    quiet = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, QuietClientErrors) for f in quiet.filters):
+        quiet.addFilter(QuietClientErrors())  # before redaction, which then sees the one line
     targets: list[logging.Filterer] = [*logging.getLogger().handlers,
                                        *(logging.getLogger(name) for name in _AIOHTTP_LOGGERS)]
     for target in targets:
         for old in [f for f in target.filters if isinstance(f, RedactCredentials)]:
             target.removeFilter(old)
         target.addFilter(redactor)
-    return redactor
