@@ -36,6 +36,11 @@ log = logging.getLogger(__name__)
 # aiohttp drops a connection whose single message exceeds this; smaller oversize events get
 # a polite `error` from the session (Limits.max_event_bytes) and the session goes on.
 HARD_MESSAGE_LIMIT_FACTOR = 4
+# asyncio accepts up to `backlog` connections in one go before any of them is handed to the
+# protocol factory (where the pending bound applies), so this is also how far a burst can run
+# ahead of the bound in file descriptors.
+ACCEPT_BATCH = 64
+FILES_RESERVED = 64  # the model's files, logs, the engine's pipes
 
 
 def _http_error(status: int, code: str, message: str) -> web.Response:
@@ -180,19 +185,34 @@ class Worker:
         await asyncio.gather(*(s.close(1001, "worker shutting down", grace) for s in list(self.sessions)))
 
 
-def raise_file_limit() -> None:
-    """Every connection is a file descriptor: take the hard limit where the OS allows it."""
+def raise_file_limit() -> int | None:
+    """Every connection is a file descriptor: take the hard limit where the OS allows it.
+
+    Returns the limit now in force (None: unlimited).
+    """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
     if soft != resource.RLIM_INFINITY and soft < target:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
             log.info("open file limit raised from %d to %d", soft, target)
-            return
+            return target
         except (ValueError, OSError) as e:
             log.warning("open file limit is %d; raising it to %d failed: %s", soft, target, e)
-            return
+            return soft
     log.info("open file limit is %s", "unlimited" if soft == resource.RLIM_INFINITY else soft)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def fit_pending_bound(limits: Limits, file_limit: int | None) -> None:
+    """Keep sessions, pending connections and an accept burst inside the file limit."""
+    if file_limit is None:
+        return
+    room = file_limit - limits.max_sessions - ACCEPT_BATCH - FILES_RESERVED
+    if limits.max_pending_connections > room:
+        log.warning("open file limit %d leaves room for %d connections without a session (not %d)",
+                    file_limit, max(room, 1), limits.max_pending_connections)
+        limits.max_pending_connections = max(room, 1)
 
 
 async def serve(settings: WorkerSettings, engine: eng.OmniEngine | None = None) -> int:
@@ -204,7 +224,7 @@ async def serve(settings: WorkerSettings, engine: eng.OmniEngine | None = None) 
             log.error("cannot create the %s engine: %s", settings.engine, e)
             return 2
     logging_filters.install([settings.api_key.get_secret_value()] if settings.api_key else [])
-    raise_file_limit()
+    fit_pending_bound(settings.limits, raise_file_limit())
     worker = Worker(settings, engine)
     limits: Limits = settings.limits
     # keepalive_timeout runs from the connect too: it is the deadline for a whole request head
@@ -214,7 +234,7 @@ async def serve(settings: WorkerSettings, engine: eng.OmniEngine | None = None) 
     loop = asyncio.get_running_loop()
     try:
         listener = await loop.create_server(worker.protocol_factory(runner.server), settings.host, settings.port,
-                                            reuse_address=True, backlog=1024)
+                                            reuse_address=True, backlog=ACCEPT_BATCH)
     except OSError as e:
         log.error("cannot listen on %s:%s: %s", settings.host, settings.port, e)
         await runner.cleanup()

@@ -35,11 +35,12 @@ class WorkerProcess:
     """`python -m inference serve` in a subprocess; `stop()`/`start()` keep the same port."""
 
     def __init__(self, tmp_dir: Path, *, api_key: str | None = "test-key", args: tuple[str, ...] = (),
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, file_limit: int | None = None) -> None:
         self.port = free_port()
         self.api_key = api_key
         self.args = args
         self.env = env or {}
+        self.file_limit = file_limit  # RLIMIT_NOFILE, soft and hard, for the worker process
         self.log_path = tmp_dir / f"worker-{self.port}.log"
         self.proc: subprocess.Popen | None = None
 
@@ -65,7 +66,8 @@ class WorkerProcess:
         else:
             cmd.append("--insecure-no-auth")
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     preexec_fn=self._limit_files if self.file_limit else None)
         deadline = time.monotonic() + WORKER_START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -79,6 +81,10 @@ class WorkerProcess:
             time.sleep(0.2)
         self.kill()
         raise TimeoutError(f"worker not healthy after {WORKER_START_TIMEOUT_S} s:\n{self.log_tail()}")
+
+    def _limit_files(self) -> None:
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.file_limit, self.file_limit))
 
     def stop(self) -> None:
         """Graceful stop (SIGTERM), as a rolling restart would do."""
