@@ -55,15 +55,21 @@ class Conversation:
                 return entry
         raise ConversationError("item_not_found", f"no conversation item with id {item_id!r}", "item_id")
 
+    @property
+    def full(self) -> bool:
+        return len(self._entries) >= self._max_items
+
     def audio_samples(self) -> int:
         return sum(a.size for e in self._entries for a in e.audio.values())
 
-    def add(self, entry: Entry, previous_item_id: str | None = None) -> str | None:
+    def add(self, entry: Entry, previous_item_id: str | None = None, *, from_response: bool = False) -> str | None:
         """Insert after `previous_item_id` ("root" = at the start; None = at the end).
 
         Returns the id of the item now before it. Validates everything before changing anything.
+        A response's own items are not refused for the item count: a response only starts
+        while the conversation has room, and it adds a few items at most.
         """
-        if len(self._entries) >= self._max_items:
+        if self.full and not from_response:
             raise ConversationError(
                 "conversation_full", f"the conversation already holds {self._max_items} items; delete some first")
         new_samples = sum(a.size for a in entry.audio.values())

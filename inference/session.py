@@ -360,6 +360,9 @@ class RealtimeSession:
                               "response.done")
         self._check_instructions(params.instructions)
         out_of_band = params.conversation == "none"
+        if not out_of_band and self.conversation.full:
+            raise ClientError("conversation_full", "the conversation is full: delete items before asking for a "
+                              "response (or ask for one with conversation: \"none\")")
         context = self.conversation.to_context() if not out_of_band else []
         for index, item in enumerate(params.input or []):
             context.extend(entry_context(self._entry_from_client(item, f"response.input.{index}")))
