@@ -35,12 +35,14 @@ class WorkerProcess:
     """`python -m inference serve` in a subprocess; `stop()`/`start()` keep the same port."""
 
     def __init__(self, tmp_dir: Path, *, api_key: str | None = "test-key", args: tuple[str, ...] = (),
-                 env: dict[str, str] | None = None, file_limit: int | None = None) -> None:
+                 env: dict[str, str] | None = None, file_limit: int | None = None,
+                 engine: str = "tiny-random") -> None:
         self.port = free_port()
         self.api_key = api_key
         self.args = args
         self.env = env or {}
         self.file_limit = file_limit  # RLIMIT_NOFILE, soft and hard, for the worker process
+        self.engine = engine  # "tiny-random", or "scripted" where the model is beside the point
         self.log_path = tmp_dir / f"worker-{self.port}.log"
         self.proc: subprocess.Popen | None = None
 
@@ -59,8 +61,11 @@ class WorkerProcess:
     def start(self) -> "WorkerProcess":
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         env.pop("OMNI_API_KEY", None)
-        cmd = [sys.executable, "-m", "inference", "serve", "--engine", "reference", "--model", "tiny-random",
-               "--port", str(self.port), *TINY_ENGINE_ARGS, *self.args]
+        if self.engine == "scripted":
+            cmd = [sys.executable, "-m", "tests.support.scripted_worker", "serve", "--port", str(self.port), *self.args]
+        else:
+            cmd = [sys.executable, "-m", "inference", "serve", "--engine", "reference", "--model", "tiny-random",
+                   "--port", str(self.port), *TINY_ENGINE_ARGS, *self.args]
         if self.api_key:
             env["OMNI_API_KEY"] = self.api_key
         else:

@@ -34,25 +34,14 @@ from hypothesis import strategies as st
 
 from inference.protocol import CLIENT_EVENTS
 from tests.conftest import WorkerProcess
+from tests.inference.conftest import SMALL_LIMITS
 
 EVENTS = int(os.environ.get("OMNI_FUZZ_EVENTS", "10000"))
 BATCH = 50
 BATCHES_PER_SESSION = 10
-MAX_EVENT_BYTES = 65_536
+MAX_EVENT_BYTES = int(SMALL_LIMITS["OMNI_LIMIT_MAX_EVENT_BYTES"])
 MAX_DEPTH = 32
 RSS_GROWTH_LIMIT_MB = 50
-# Small limits keep each fuzzed reply cheap on a 2-core machine; the checks are the same.
-FUZZ_LIMITS = {
-    "OMNI_LIMIT_MAX_EVENT_BYTES": str(MAX_EVENT_BYTES),
-    "OMNI_LIMIT_MAX_OUTPUT_TOKENS": "4",
-    "OMNI_LIMIT_MAX_CONVERSATION_ITEMS": "40",
-    "OMNI_LIMIT_MAX_TEXT_CHARS": "2000",
-    "OMNI_LIMIT_MAX_INSTRUCTIONS_CHARS": "2000",
-    "OMNI_LIMIT_MAX_EVENT_AUDIO_S": "1",
-    "OMNI_LIMIT_MAX_TURN_AUDIO_S": "2",
-    "OMNI_LIMIT_MAX_CONVERSATION_AUDIO_S": "10",
-    "OMNI_LIMIT_CLIENT_CONNECTION_BURST": "1000",
-}
 
 # --------------------------------------------------------------------------- strategies
 
@@ -340,22 +329,15 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError("no VmRSS")
 
 
-@pytest.fixture(scope="module")
-def fuzz_worker(tmp_path_factory):
-    w = WorkerProcess(tmp_path_factory.mktemp("fuzz"), api_key="fuzz-key", env=FUZZ_LIMITS).start()
-    yield w
-    w.kill()
-
-
-def test_fuzzed_events_each_get_an_error_and_break_nothing(fuzz_worker):
+def test_fuzzed_events_each_get_an_error_and_break_nothing(small_limits_worker):
     background = Background()
     tally = Tally()
-    fuzz = FuzzSession(fuzz_worker, tally)
+    fuzz = FuzzSession(small_limits_worker, tally)
     stop = asyncio.Event()
-    control = asyncio.run_coroutine_threadsafe(control_session(fuzz_worker, tally, stop), background.loop)
+    control = asyncio.run_coroutine_threadsafe(control_session(small_limits_worker, tally, stop), background.loop)
     while tally.control_turns < 2 and not control.done():  # warm: the first replies allocate for good
         time.sleep(0.1)
-    rss_before = rss_mb(fuzz_worker.proc.pid)
+    rss_before = rss_mb(small_limits_worker.proc.pid)
     started = time.monotonic()
 
     @settings(max_examples=-(-EVENTS // BATCH), deadline=None, database=None, phases=[Phase.generate],
@@ -372,8 +354,8 @@ def test_fuzzed_events_each_get_an_error_and_break_nothing(fuzz_worker):
         control.result(timeout=180)
         background.run(fuzz.close())
         background.close()
-    rss_growth = rss_mb(fuzz_worker.proc.pid) - rss_before
-    log = fuzz_worker.log_path.read_text(errors="replace")
+    rss_growth = rss_mb(small_limits_worker.proc.pid) - rss_before
+    log = small_limits_worker.log_path.read_text(errors="replace")
     tracebacks = log.count("Traceback")
     print(f"\nfuzz: {tally.events} events ({tally.bad} known-bad) in {fuzz_s:.0f} s; "
           f"bad without an error: {len(tally.bad_unanswered)}; internal_error: {len(tally.internal_errors)}; "

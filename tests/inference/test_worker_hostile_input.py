@@ -13,27 +13,24 @@ import json
 import aiohttp
 import pytest
 
+from inference.logging_filters import install as install_log_filters
 from tests.conftest import WorkerProcess
 from tests.support.realtime_client import RealtimeClient
 
-KEY = "hostile-test-key-0123456789"
 
-
-@pytest.fixture(scope="module")
-def worker(tmp_path_factory):
-    # the default limits, as a deployment has them; DEBUG so that aiohttp's quietest logs count too
-    w = WorkerProcess(tmp_path_factory.mktemp("hostile"), api_key=KEY, args=("--log-level", "DEBUG")).start()
-    yield w
-    w.kill()
+@pytest.fixture
+def worker(omni_worker):
+    """The shared worker: default limits, as a deployment has them."""
+    return omni_worker
 
 
 @pytest.fixture(autouse=True)
-def no_traceback_in_the_log(worker):
+def no_traceback_or_key_in_the_log(worker):
     start = worker.log_path.stat().st_size
     yield
     new = worker.log_path.read_bytes()[start:].decode(errors="replace")
     assert "Traceback" not in new, new[-4000:]
-    assert KEY not in new
+    assert worker.api_key not in new
 
 
 async def connect(worker: WorkerProcess) -> RealtimeClient:
@@ -198,11 +195,36 @@ async def test_turn_detection_ranges(worker, threshold_field):
 
 
 async def test_a_long_authorization_header_never_reaches_the_log(worker):
-    start = worker.log_path.stat().st_size
+    key = worker.api_key
     async with aiohttp.ClientSession() as http:
-        for value in (f"Bearer {KEY}" + "x" * 9000, f"Bearer {KEY}x", f"Basic {KEY}", KEY):
+        for value in (f"Bearer {key}" + "x" * 9000, f"Bearer {key}x", f"Basic {key}", key):
             async with http.get(f"{worker.http_url}/v1/models", headers={"Authorization": value}) as r:
                 assert r.status in (400, 401), (value[:40], r.status)
-    await asyncio.sleep(0.3)
-    log = worker.log_path.read_bytes()[start:].decode(errors="replace")
-    assert KEY[:12] not in log  # not even a prefix of the key
+    await asyncio.sleep(0.3)  # the autouse fixture then reads the log: no key, no traceback
+
+
+def test_log_filters_redact_credentials_even_in_aiohttp_debug_tracebacks(caplog):
+    import logging
+    from aiohttp.http_exceptions import LineTooLong
+    secret = "sk-live-0123456789abcdef"
+    root = logging.getLogger()
+    root.addHandler(caplog.handler)
+    try:
+        install_log_filters([secret])
+        caplog.set_level(logging.DEBUG)
+        aiohttp_log = logging.getLogger("aiohttp.server")
+        try:
+            raise LineTooLong(f"Bearer {secret}" + "x" * 9000, "8190")
+        except LineTooLong as e:
+            aiohttp_log.error("Error handling request from %s", "127.0.0.1", exc_info=e)
+        try:
+            raise RuntimeError(f"headers: {{'Authorization': 'Bearer {secret}', 'X-Api-Key': '{secret}'}}")
+        except RuntimeError:
+            logging.getLogger("inference.test").exception("failed with %s", secret[:20] + secret[20:])
+    finally:
+        root.removeHandler(caplog.handler)
+    text = caplog.text + "".join(r.exc_text or "" for r in caplog.records)
+    assert secret not in text and secret[:10] not in text
+    assert "[redacted]" in text
+    bad_request = next(r for r in caplog.records if r.name == "aiohttp.server")
+    assert bad_request.levelname == "DEBUG" and bad_request.exc_info is None  # a client's fault: one line
