@@ -48,7 +48,9 @@ async def main() -> None:
     parser.add_argument("--sessions", type=int, default=50)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        worker = WorkerProcess(Path(tmp), args=("--max-sessions", str(args.sessions + 1))).start()
+        worker = WorkerProcess(Path(tmp), args=("--max-sessions", str(args.sessions + 1)),
+                               # all sessions come from one address, faster than a real client would open them
+                               env={"OMNI_LIMIT_CLIENT_CONNECTION_BURST": str(args.sessions + 10)}).start()
         try:
             await asyncio.sleep(1)
             before = rss_mb(worker.proc.pid)

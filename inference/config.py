@@ -29,7 +29,7 @@ class Limits(BaseSettings):
     max_send_queue_bytes: int = Field(4 * 1024 * 1024, ge=65_536,
                                       description="events waiting for a client that does not read; over it the client is dropped")
     header_timeout_s: float = Field(10.0, gt=0, description="from TCP connect to a whole HTTP request head (also idle keep-alive)")
-    handshake_timeout_s: float = Field(10.0, gt=0, description="the WebSocket upgrade answer and session.created written")
+    handshake_timeout_s: float = Field(10.0, gt=0, description="closing handshake: the queued events and our close frame taken")
     max_pending_connections: int = Field(256, ge=1, description="connections without a session; the oldest goes first")
     client_connections_per_s: float = Field(10.0, gt=0, description="/v1/ requests per client address, sustained")
     client_connection_burst: int = Field(60, ge=1, description="/v1/ requests per client address in a burst")

@@ -13,7 +13,6 @@ import json
 import aiohttp
 import pytest
 
-from inference.logging_filters import install as install_log_filters
 from tests.conftest import WorkerProcess
 from tests.support.realtime_client import RealtimeClient
 
@@ -206,6 +205,7 @@ async def test_a_long_authorization_header_never_reaches_the_log(worker):
 def test_log_filters_redact_credentials_even_in_aiohttp_debug_tracebacks(caplog):
     import logging
     from aiohttp.http_exceptions import LineTooLong
+    from inference.logging_filters import install as install_log_filters
     secret = "sk-live-0123456789abcdef"
     root = logging.getLogger()
     root.addHandler(caplog.handler)
