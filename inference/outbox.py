@@ -41,7 +41,7 @@ class Outbox:
         """Queue one event; drops the client instead when too much is waiting for it."""
         if not self.open:
             return
-        self.queued_bytes += len(text)
+        self.queued_bytes += len(text)  # characters: events are base64 and JSON, nearly all ASCII
         if self.queued_bytes > self._max_bytes:
             self._on_overflow(self.queued_bytes)
             self.abort()
