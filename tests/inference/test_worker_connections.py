@@ -197,8 +197,8 @@ async def test_a_client_that_does_not_read_is_dropped_and_others_go_on(scripted)
                 for _ in range(400):  # 12 MB of answers to a client that reads none: past the kernel's buffers
                     raw_ws.send_event(sock, "conversation.item.retrieve", item_id="item_big")
                 assert await asyncio.to_thread(raw_ws.closed_by_peer, sock, 10)
-            except ConnectionResetError:
-                pass  # dropped while it was still sending
+            except ConnectionError:  # reset or broken pipe: dropped while it was still sending
+                pass
             await sessions_become(worker, 1)
             dropped_s = time.monotonic() - started
             assert await metric(worker, "omni_slow_clients_dropped_total") == dropped_before + 1

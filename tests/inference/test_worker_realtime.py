@@ -164,7 +164,7 @@ async def test_health_is_503_until_warm(tmp_path):
                 try:
                     async with http.get(f"http://127.0.0.1:{port}/health") as r:
                         seen.append((r.status, (await r.json())["status"]))
-                    if seen[-1][0] == 503:
+                    if seen[-1][0] == 503 and len(seen) % 10 == 1:  # within the per-client request rate
                         async with http.get(f"http://127.0.0.1:{port}/v1/realtime") as r:
                             assert r.status == 503 and (await r.json())["error"]["code"] == "not_ready"
                 except aiohttp.ClientConnectionError:
