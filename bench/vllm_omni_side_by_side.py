@@ -1,9 +1,9 @@
 """The reference engine and the vllm-omni engine side by side, on one GPU, in one run.
 
 Both engines get the same shapes (Qwen2.5-Omni-7B with random weights), the same inputs
-(per session: seeded noise of `--input-seconds`, "What do you hear?"), the same reply
-lengths (`--max-tokens` thinker tokens, `--audio-seconds` of speech) and the same session
-levels, one engine after the other:
+(`bench/reference_gpu.py`'s `bench_request`: seeded noise of `--input-seconds`, "What do you
+hear?"), the same reply lengths (`--max-tokens` thinker tokens, `--audio-seconds` of speech)
+and the same session levels, one engine after the other:
 
 1. reference, in a child process (so that all its GPU memory is gone afterwards):
    `bench/reference_gpu.py` builds the 7B-shaped model in memory and its session driver
@@ -74,8 +74,8 @@ def summarize(results: list[dict]) -> dict[str, float]:
     return {
         "ttfa_p50_s": ref.pct(col("first_audio_s"), 50), "ttfa_p95_s": ref.pct(col("first_audio_s"), 95),
         "rtf_p50": ref.pct(col("rtf"), 50), "rtf_p95": ref.pct(col("rtf"), 95),
-        "first_packet_s": statistics.median(col("first_packet_s")),
-        "stall_s": statistics.median(col("stall_s")), "audio_s": statistics.median(col("audio_s")),
+        "stall_s": statistics.median(col("stall_s")), "stall_max_s": max(col("stall_s")),
+        "audio_s": statistics.median(col("audio_s")),
         "replies": len(results),
         **{key: statistics.median(col(key)) for key in STAGE_TIMES if all(v == v for v in col(key))},
     }
@@ -91,10 +91,17 @@ async def run_levels(engine, label: str, args) -> dict[int, dict[str, float]]:
         table[n] = summarize(results)
         row = table[n]
         print(f"{label:>10} {n:>4} sessions: first audio p50 {row['ttfa_p50_s']:.3f} s p95 {row['ttfa_p95_s']:.3f} s  "
-              f"RTF p50 {row['rtf_p50']:.2f} p95 {row['rtf_p95']:.2f}  first packet {row['first_packet_s']:.2f} s  "
-              f"silence after it {row['stall_s']:.2f} s  speech {row['audio_s']:.2f} s"
+              f"RTF p50 {row['rtf_p50']:.2f} p95 {row['rtf_p95']:.2f}  silence after the first packet "
+              f"{row['stall_s']:.2f} s (worst {row['stall_max_s']:.2f} s)  speech {row['audio_s']:.2f} s"
               + "".join(f"  {key} {row[key]:.2f}" for key in STAGE_TIMES if key in row), flush=True)
     return table
+
+
+def reference_engine(name: str, device: str, dtype: str, args) -> ReferenceEngine:
+    """The reference engine with the options bench/reference_gpu.py runs it with."""
+    return ReferenceEngine(name, device=device, dtype=dtype, seed=0, kv_slots=max(args.levels),
+                           context_tokens=8192, max_audio_seconds=args.audio_seconds,
+                           min_audio_seconds=args.audio_seconds, max_new_tokens=args.max_tokens)
 
 
 async def reference_half(args, model_dir: Path) -> dict:
@@ -106,9 +113,7 @@ async def reference_half(args, model_dir: Path) -> dict:
     write_model_folder(loaded, model_dir)
     if args.skip_reference:
         return {}
-    engine = ReferenceEngine("random-7b-shaped", device="cuda", dtype="bfloat16", seed=0,
-                             max_concurrency=max(args.levels), max_audio_seconds=args.audio_seconds,
-                             min_audio_seconds=args.audio_seconds, max_new_tokens=args.max_tokens)
+    engine = reference_engine("random-7b-shaped", "cuda", "bfloat16", args)
     began = time.monotonic()
     await engine.start_with_model(loaded)
     startup_s = time.monotonic() - began

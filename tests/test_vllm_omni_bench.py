@@ -1,4 +1,5 @@
-"""bench/vllm_omni_side_by_side.py's weight-less model folder, on tiny-random (CPU).
+"""bench/vllm_omni_side_by_side.py on tiny-random (CPU): its weight-less model folder, and its
+reference half driving the reference engine the way the GPU run does.
 
 vllm-omni reads config, processor and speakers from it and makes up the weights; on the H200
 (2026-12-01) its thinker died at the first request because the folder's thinker config had no
@@ -31,3 +32,19 @@ def test_model_folder_holds_what_vllm_omni_reads(tmp_path):
     speakers = torch.load(tmp_path / "spk_dict.pt")
     assert set(speakers) == {"Chelsie", "Ethan"}
     assert all({"cond", "ref_mel"} <= set(voice) for voice in speakers.values())
+
+
+async def test_reference_half_measures_every_level_on_tiny_random():
+    import types
+
+    from inference.engine.reference.loading import load_model
+
+    args = types.SimpleNamespace(levels=[1, 2], repeats=1, input_seconds=0.5, max_tokens=4, audio_seconds=0.5)
+    engine = bench.reference_engine("tiny-random", "cpu", "float32", args)
+    await engine.start_with_model(load_model("tiny-random", torch.device("cpu"), torch.float32))
+    try:
+        levels = await bench.run_levels(engine, "reference", args)
+    finally:
+        await engine.close()
+    assert sorted(levels) == [1, 2] and [levels[n]["replies"] for n in (1, 2)] == [1, 2]
+    assert all(row["audio_s"] > 0 and row["ttfa_p50_s"] > 0 for row in levels.values())
