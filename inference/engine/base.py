@@ -19,7 +19,6 @@ from typing import Any, AsyncIterator, Literal, Union
 
 import numpy as np
 
-from .exceptions import ContextLengthExceeded, EngineError, EngineOverloaded  # noqa: F401  (re-exported)
 
 INPUT_SAMPLE_RATE = 16_000
 OUTPUT_SAMPLE_RATE = 24_000

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..base import AudioDelta, Finished, GenerationRequest, TextDelta, ToolCallDelta
-from ..tool_calls import OPEN_TAG, ToolCallParser, new_call_id
+from ..tool_calls import ToolCallParser, new_call_id
 from .detokenize import IncrementalDecoder
 from .phases import PhaseClock
 from .prompt import Prompt

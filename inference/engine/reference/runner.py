@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -337,9 +338,15 @@ class _TalkerDecode:
                                         buffers.noise)
 
 
+@dataclass
 class _TalkerInputs:
-    def __init__(self, **tensors) -> None:
-        self.__dict__.update(tensors)
+    """A talker step's static inputs for one batch bucket."""
+    codes: torch.Tensor      # (B, 1) each row's last code
+    reply: torch.Tensor      # (B, 1, width) each row's reply-stream element
+    positions: torch.Tensor  # (3, B, 1) rope positions
+    view: BatchView
+    noise: torch.Tensor      # (B, vocab) the sampling draws
+    mask_end: torch.Tensor   # (B, 1) end codes masked (before the minimum length)
 
 
 class AudioEncoderCache:

@@ -103,10 +103,6 @@ class StepPlan:
     prefill: list[tuple[Reply, int, int]] = field(default_factory=list)  # (reply, start, end)
     thinker: list[Reply] = field(default_factory=list)
 
-    @property
-    def empty(self) -> bool:
-        return not self.prefill and not self.thinker
-
 
 class Scheduler:
     def __init__(self, slots: SlotTable, *, prefill_chunk_tokens: int, max_waiting: int,

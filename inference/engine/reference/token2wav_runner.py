@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch

@@ -24,9 +24,10 @@ import numpy as np
 import soxr
 
 from ..base import (
-    OUTPUT_SAMPLE_RATE, AudioDelta, Delta, EngineError, Finished, GenerationRequest, OmniEngine,
-    TextDelta, ToolCallDelta, UserAudio, UserText,
+    OUTPUT_SAMPLE_RATE, AudioDelta, Delta, Finished, GenerationRequest, OmniEngine, TextDelta,
+    ToolCallDelta, UserAudio, UserText,
 )
+from ..exceptions import EngineError
 from . import outputs, presets
 from . import prompt as prompts
 from .compat import NEWEST, Api
