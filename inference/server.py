@@ -133,13 +133,15 @@ class Worker:
         return await handler(request)
 
     async def health(self, request: web.Request) -> web.Response:
-        # capacity is what the agent divides by for its load report: the replies the engine holds
-        # at once when it knows, else the sessions this worker admits
+        # capacity is what the agent divides its sessions by for its load report: the sessions
+        # this worker admits or, when the engine reports its load and holds fewer replies at
+        # once, that number (so the agent never reports room the engine does not have)
         body = {"status": self.state, "engine": self.engine.name, "model": self.engine.model,
                 "sessions": len(self.sessions), "capacity": self.capacity, "max_sessions": self.capacity}
         load = self.engine.load()
         if isinstance(load, eng.EngineLoad):
-            body.update(capacity=load.capacity, running=load.running, waiting=load.waiting)
+            body.update(capacity=max(1, min(self.capacity, load.capacity)), running=load.running,
+                        waiting=load.waiting, engine_capacity=load.capacity)
         return web.json_response(body, status=200 if self.state == "ready" else 503)
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:

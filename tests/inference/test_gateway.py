@@ -308,7 +308,11 @@ async def test_health_reports_the_engine_load_when_it_knows(gateway):
         gateway.engine.load_report = eng.EngineLoad(running=3, waiting=1, capacity=8)
         async with http.get(url) as r:
             body = await r.json()
-    assert (body["capacity"], body["running"], body["waiting"], body["max_sessions"]) == (8, 3, 1, 16)
+        assert (body["capacity"], body["running"], body["waiting"], body["max_sessions"]) == (8, 3, 1, 16)
+        gateway.engine.load_report = eng.EngineLoad(running=0, waiting=0, capacity=64)
+        async with http.get(url) as r:
+            body = await r.json()
+    assert (body["capacity"], body["engine_capacity"]) == (16, 64)  # never more than the worker admits
 
 
 async def test_a_client_that_does_not_read_is_dropped_and_the_session_freed():

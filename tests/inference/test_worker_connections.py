@@ -288,22 +288,40 @@ async def test_sigterm_with_clients_that_do_not_read(omni_worker_factory):
     assert "Traceback" not in worker.log_path.read_text(errors="replace")
 
 
-@pytest.mark.xfail(reason="needs the engine's chunked, cancellable prefill (issue 7): until then SIGTERM "
-                          "waits for the prefill to end", strict=False)
-async def test_sigterm_during_a_long_prefill(omni_worker_factory):
-    worker = omni_worker_factory(api_key="k", env={"OMNI_LIMIT_SHUTDOWN_GRACE_S": "1"})
-    async with await RealtimeClient.connect(worker.url, "k") as c:
-        # ~12 k tokens: about 10 s of prefill for tiny-random on a 2-core VM, under the text limit
-        await c.send("conversation.item.create", item={
-            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "word " * 4000}]})
-        await c.wait_for("conversation.item.done")
-        await c.send("response.create")
+async def test_a_long_prefill_stops_on_cancel_and_on_sigterm(omni_worker_factory):
+    # Before the engine's chunked, cancellable prefill (issue 7) a cancelled prefill ran on, held
+    # another session's turn (32.6 s instead of ~0.7 s) and SIGTERM waited for it (34 s). The
+    # engine's context (4096 tokens by default) is widened for the prompt.
+    worker = omni_worker_factory(api_key="k", env={"OMNI_LIMIT_SHUTDOWN_GRACE_S": "1"},
+                                 args=("--engine-option", "context_tokens=24576", "--engine-option", "kv_slots=2"))
+    long_text = "word " * 6000  # ~18 k tokens: about 15 s of prefill for tiny-random on a 2-core VM
+
+    async def start_long_prefill(c: RealtimeClient) -> None:
+        await c.send("response.create", response={"conversation": "none", "input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": long_text}]}]})
         await c.wait_for("response.created")
-        await asyncio.sleep(1.0)  # inside the prefill
+        with pytest.raises(asyncio.TimeoutError):  # a second in, the prefill still runs: no answer yet
+            await c.wait_for("response.done", timeout=1.0)
+
+    async with await RealtimeClient.connect(worker.url, "k") as a, await RealtimeClient.connect(worker.url, "k") as b:
+        await start_long_prefill(a)
+        await a.send("response.cancel")
+        assert (await a.wait_for("response.done"))["response"]["status"] == "cancelled"
+        started = time.monotonic()
+        while (await health(worker))["running"] != 0:  # the engine dropped the prefill
+            assert time.monotonic() - started < 10, "the cancelled prefill runs on"
+            await asyncio.sleep(0.05)
+        stopped_s = time.monotonic() - started
+        started = time.monotonic()
+        assert (await a_turn(b))["status"] in ("completed", "incomplete")
+        other_turn_s = time.monotonic() - started
+        await start_long_prefill(a)
         exit_s = await asyncio.to_thread(_sigterm_exit_s, worker)
-    print(f"\nSIGTERM during a long prefill: exited in {exit_s:.2f} s (grace 1 s)")
+    print(f"\nlong prefill (~18 k tokens): engine idle {stopped_s:.2f} s after response.done (cancelled); "
+          f"another session's turn then took {other_turn_s:.2f} s; SIGTERM during it: exited in {exit_s:.2f} s "
+          "(grace 1 s)")
     assert worker.proc.returncode == 0
-    assert exit_s < 4
+    assert exit_s < 8  # the prefill alone had ~14 s left
 
 
 # --------------------------------------------------------------------------- without a key
