@@ -145,8 +145,8 @@ class EngineCore:
             scheduler.token2wav_ran(time.monotonic())
         for reply in list(scheduler.running):
             if reply.phase is Phase.DECODING and reply.complete:
+                scheduler.remove(reply)  # before its consumer hears it is done
                 self._guard([reply], reply.finish)
-                scheduler.remove(reply)
         if worked:
             self.steps += 1
             self.largest_batch = max(self.largest_batch, len(thinker), len(stepping))

@@ -767,14 +767,19 @@ async def test_a_conversation_over_the_context_is_refused_before_any_work(greedy
 @asyncio_module
 async def test_a_long_prompt_is_prefilled_in_chunks_and_cancel_stops_it(greedy):
     """A prompt of several chunks goes in one chunk per step; a cancel lands between two."""
-    text = " ".join(["Tell me about the weather in every city of the region today."] * 30)
-    generation = greedy.generate(request(context=[UserText(text)], max_output_tokens=4))
+    text = " ".join(["Tell me about the weather in every city of the region today."] * 100)
+    long = request(context=[UserText(text)], max_output_tokens=4)
+    generation = greedy.generate(long)
     task = asyncio.ensure_future(generation.__anext__())
-    for _ in range(200):
-        if greedy.scheduler.running and greedy.scheduler.running[0].prefilled > 0:
+
+    def the_reply():
+        return next((r for r in greedy.scheduler.running if r.request is long), None)
+
+    for _ in range(2000):
+        if the_reply() is not None and the_reply().prefilled > 0:
             break
         await asyncio.sleep(0.001)
-    reply = greedy.scheduler.running[0]
+    reply = the_reply()
     assert 0 < reply.prefilled < reply.prompt.length
     task.cancel()
     with pytest.raises((asyncio.CancelledError, StopAsyncIteration)):
