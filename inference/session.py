@@ -430,6 +430,8 @@ class RealtimeSession:
         run.cancel_reason = reason
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        if self._response is run:  # cancelled before it ever ran: its own cleanup did not run
+            self._response, self._response_task = None, None
 
 
 def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:

@@ -11,9 +11,10 @@ from livekit.agents import Plugin
 from .log import logger
 from .model import RealtimeModel
 from .session import RealtimeSession
+from .trigger import SpeculativeReplyTrigger
 from .version import __version__
 
-__all__ = ["RealtimeModel", "RealtimeSession", "__version__"]
+__all__ = ["RealtimeModel", "RealtimeSession", "SpeculativeReplyTrigger", "__version__"]
 
 
 class OmniPlugin(Plugin):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 from urllib.parse import urlparse
 
 import aiohttp
@@ -13,9 +13,7 @@ from livekit.agents.types import NOT_GIVEN, APIConnectOptions, NotGivenOr
 from livekit.agents.utils import is_given
 
 from .options import DEFAULT_CONN_OPTIONS, ModelOptions, resolve_api_key, resolve_url
-
-if TYPE_CHECKING:
-    from .session import RealtimeSession
+from .session import RealtimeSession
 
 DEFAULT_VOICE = "Chelsie"
 
@@ -36,6 +34,11 @@ class RealtimeModel(llm.RealtimeModel):
         reply_timeout: seconds `generate_reply` waits for the worker to start a response.
         update_timeout: seconds an update of instructions, tools or chat context waits for the
             worker to confirm it.
+        speculative_replies: start each reply when the VAD hears the end of speech, before the
+            turn detector confirms the turn, and play it at once when it does (needs
+            `SpeculativeReplyTrigger` on the AgentSession; see provider/speculation.py).
+        input_transcription: ask the worker to transcribe each user turn; the transcripts
+            reach the room and the chat context as the framework's user transcripts.
         http_session: an aiohttp session to reuse; by default the job's, or one of our own.
     """
 
@@ -50,13 +53,15 @@ class RealtimeModel(llm.RealtimeModel):
         conn_options: APIConnectOptions = DEFAULT_CONN_OPTIONS,
         reply_timeout: float = 10.0,
         update_timeout: float = 5.0,
+        speculative_replies: bool = True,
+        input_transcription: bool = True,
         http_session: aiohttp.ClientSession | None = None,
     ) -> None:
         super().__init__(
             capabilities=llm.RealtimeCapabilities(
                 message_truncation=True,
                 turn_detection=False,  # the agent (VAD + turn detector) decides turns
-                user_transcription=False,  # the worker sends no input transcripts (yet)
+                user_transcription=input_transcription,  # the worker transcribes when asked
                 auto_tool_reply_generation=False,
                 audio_output=True,
                 manual_function_calls=True,
@@ -77,10 +82,12 @@ class RealtimeModel(llm.RealtimeModel):
             conn_options=conn_options,
             reply_timeout_s=reply_timeout,
             update_timeout_s=update_timeout,
+            speculative_replies=speculative_replies,
+            input_transcription=input_transcription,
         )
         self._http_session = http_session
         self._owns_http_session = False
-        self._sessions = weakref.WeakSet["RealtimeSession"]()
+        self._sessions = weakref.WeakSet[RealtimeSession]()
 
     @property
     def model(self) -> str:
@@ -96,9 +103,7 @@ class RealtimeModel(llm.RealtimeModel):
 
     def session(self, *, turn_detection_disabled: bool = False) -> RealtimeSession:
         # the worker never detects turns for us, so there is nothing to disable
-        from .session import RealtimeSession
-
-        session = RealtimeSession(self)
+        session = RealtimeSession(self, options=self._opts, http_session=self._ensure_http_session)
         self._sessions.add(session)
         return session
 

@@ -32,6 +32,10 @@ class ModelOptions:
     """How long generate_reply waits for the worker's response.created."""
     update_timeout_s: float
     """How long an update of instructions, tools or chat context waits for the worker's answer."""
+    speculative_replies: bool = True
+    """Start each reply at the VAD's end of speech, before the turn is confirmed (speculation.py)."""
+    input_transcription: bool = True
+    """Ask the worker to transcribe every committed user turn (user transcripts for the room)."""
     modalities: list[Literal["text", "audio"]] = field(default_factory=lambda: ["audio"])
 
 

@@ -5,6 +5,11 @@ replays the conversation), then runs a sender (the outbox → the socket) and a 
 events → handlers) until the socket closes. All state lives on the event loop; the public
 methods the framework calls never wait on the network except the `update_*` coroutines.
 
+What is pending lives in one object per kind, each with one reset: `InputTurns` (user audio
+not yet an item), `ItemOps` (item creates/deletes), `SessionUpdates`, `Replies` (responses
+asked for and the one in progress) and `SpeculativeReplies` (a reply started before the turn
+is confirmed, see provider/speculation.py).
+
 The mirror (`_remote`) holds the worker's conversation as LiveKit chat items, in order. Spoken
 user turns are kept there as the 16 kHz audio that was sent, because the worker echoes no audio
 back and a reconnection has to replay them.
@@ -16,9 +21,8 @@ import asyncio
 import contextlib
 import json
 import time
-from collections import deque
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import aiohttp
 
@@ -33,11 +37,13 @@ from livekit.agents.voice.generation import remove_instructions
 from . import audio, wire
 from .connection import FATAL_ERROR_CODES, connect
 from .generation import FunctionCallState, Generation, MessageStreams, response_metrics
+from .input_turns import InputTurns
+from .item_ops import ItemOp, ItemOps
 from .log import logger
-from .options import retry_delay
-
-if TYPE_CHECKING:
-    from .model import RealtimeModel
+from .options import ModelOptions, retry_delay
+from .replies import Replies
+from .session_updates import SessionUpdates
+from .speculation import RewindInput, Speculation, SpeculativeReplies, adopted_future
 
 MIN_COMMIT_SAMPLES = audio.INPUT_SAMPLE_RATE // 10  # the worker refuses commits under 100 ms
 REPLAY_APPEND_BYTES = 5 * audio.INPUT_SAMPLE_RATE * 2  # 5 s per append (the worker takes 10 s)
@@ -46,54 +52,47 @@ MAX_EVENT_BYTES = 2 * 1024 * 1024  # the worker's default limit on one event (OM
 # just finished): logged, not reported.
 RACE_ERROR_CODES = frozenset({"response_cancel_not_active"})
 
-# raw wire events, for debugging and tests (audio appends are not reported)
-ServerEvents = Literal["omni_server_event_received", "omni_client_event_queued"]
+# raw wire events, for debugging and tests (audio appends are not reported), and the outcome of
+# each speculative reply ({"outcome": "started" | "used" | "discarded", and the counts so far})
+ServerEvents = Literal["omni_server_event_received", "omni_client_event_queued", "omni_speculative_reply"]
 
-
-@dataclass
-class _ItemOp:
-    """A conversation.item.create/delete waiting for the worker's answer."""
-
-    event: wire.Event
-    kind: Literal["create", "delete"]
-    item_id: str
-    chat_item: llm.ChatItem | None = None  # what a create puts into the mirror
-    future: asyncio.Future[None] | None = None
-    replay: bool = False  # re-creating a mirror item on a new connection
-    sent: bool = False
+OutboxItem = wire.Event | bytes | RewindInput
 
 
 class RealtimeSession(llm.RealtimeSession[ServerEvents]):
-    def __init__(self, realtime_model: RealtimeModel) -> None:
+    def __init__(
+        self,
+        realtime_model: llm.RealtimeModel,
+        *,
+        options: ModelOptions,
+        http_session: Callable[[], aiohttp.ClientSession],
+    ) -> None:
         super().__init__(realtime_model)
         self._model = realtime_model
-        self._opts = realtime_model._opts
+        self._opts = options
+        self._http_session = http_session
         self._tool_choice = self._opts.tool_choice
         self._voice = self._opts.voice
         self._instructions: str | None = None
         self._tools = llm.ToolContext.empty()
         self._wire_tools: list[dict[str, Any]] = []
         self._remote = RemoteChatContext()
+        self._assistant_audio_samples: dict[str, int] = {}  # audio the worker holds, per mirror item
+        self._input_transcripts: dict[str, str] = {}  # user item id → its transcript so far
         self._input = audio.InputAudio()
-        self._pushed_samples = 0  # since the last commit or clear
 
-        # the sender's queue: events, or raw 16 kHz PCM16 to append (encoded when sent)
-        self._outbox = utils.aio.Chan[wire.Event | bytes]()
+        # the sender's queue: events, raw 16 kHz PCM16 to append (encoded when sent), rewinds
+        self._outbox = utils.aio.Chan[OutboxItem]()
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._connected_once = False
         self._failures = 0
         self._closing = False
 
-        self._generation: Generation | None = None
-        self._reply_futures: dict[str, asyncio.Future[llm.GenerationCreatedEvent]] = {}
-        self._discarded_replies: set[str] = set()
-        self._item_ops: dict[str, _ItemOp] = {}  # by event id
-        self._update_futures: dict[str, asyncio.Future[None]] = {}  # session.update, by event id
-        self._unanswered_updates: deque[str] = deque()  # session.update ids sent on this socket
-        self._turn_audio = bytearray()  # appended on this socket, not committed yet
-        self._committing: deque[tuple[str, bytes]] = deque()  # commits sent, not acknowledged
-        self._committed_audio: dict[str, bytes] = {}  # item id → its audio, until item.added
-        self._assistant_audio_samples: dict[str, int] = {}  # audio the worker holds, per item
+        self._turns = InputTurns()
+        self._item_ops = ItemOps()
+        self._updates = SessionUpdates()
+        self._replies = Replies()
+        self._speculation = SpeculativeReplies()
 
         self._chat_ctx_lock = asyncio.Lock()
         self._tools_lock = asyncio.Lock()
@@ -104,7 +103,9 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             "conversation.item.added": self._on_item_added,
             "conversation.item.done": self._on_item_done,
             "conversation.item.deleted": self._on_item_deleted,
+            "conversation.item.input_audio_transcription.delta": self._on_input_transcript_delta,
             "conversation.item.input_audio_transcription.completed": self._on_input_transcript,
+            "conversation.item.input_audio_transcription.failed": self._on_input_transcript_failed,
             "response.created": self._on_response_created,
             "response.output_item.added": self._on_output_item_added,
             "response.content_part.added": self._on_content_part_added,
@@ -126,6 +127,11 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
     @property
     def tools(self) -> llm.ToolContext:
         return self._tools.copy()
+
+    @property
+    def speculative_reply_counts(self) -> dict[str, int]:
+        """Speculative replies started, used (the turn was confirmed) and discarded so far."""
+        return dict(self._speculation.counts)
 
     async def update_instructions(self, instructions: str | Instructions) -> None:
         text = wire.instructions_text(instructions)
@@ -189,24 +195,36 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         if self._connected_once and self._ws is None:
             return  # reconnecting: audio of the outage would only reach the worker late
         for chunk in self._input.push(frame):
-            self._send(chunk)
-            self._pushed_samples += len(chunk) // 2
+            self._send_input(chunk)
 
     def push_video(self, frame: rtc.VideoFrame) -> None:
         pass  # the worker takes no video; RealtimeCapabilities has no flag for it
 
     def commit_audio(self) -> None:
+        if (spec := self._speculation.current) is not None:
+            if not spec.confirmed:
+                # The turn the speculation committed is confirmed; what came since is the
+                # silence the turn detector listened to.
+                spec.confirmed = True
+                self._drop_input()
+                return
+            # confirmed before, but no reply was asked for it: the turn stays, the reply goes
+            self._withdraw(spec, keep_audio=False)
         for chunk in self._input.flush():
-            self._send(chunk)
-            self._pushed_samples += len(chunk) // 2
-        if self._pushed_samples >= MIN_COMMIT_SAMPLES:
+            self._send_input(chunk)
+        if self._turns.pushed_samples >= MIN_COMMIT_SAMPLES:
             self._send(wire.commit_audio())
-            self._pushed_samples = 0
+            self._turns.pushed_samples = 0
 
     def clear_audio(self) -> None:
-        self._input.clear()
-        self._send(wire.clear_audio())
-        self._pushed_samples = 0
+        if (spec := self._speculation.current) is not None and not spec.confirmed:
+            self._withdraw(spec, keep_audio=False)  # the turn is dropped, its reply too
+        self._drop_input()
+
+    def start_user_activity(self) -> None:
+        # The framework calls this when the user speaks (over the agent, or at all): a reply
+        # started for what came before is premature.
+        self.cancel_speculative_reply()
 
     def generate_reply(
         self,
@@ -215,9 +233,16 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         tool_choice: NotGivenOr[llm.ToolChoice] = NOT_GIVEN,
         tools: NotGivenOr[list[llm.Tool]] = NOT_GIVEN,
     ) -> asyncio.Future[llm.GenerationCreatedEvent]:
+        if (spec := self._speculation.current) is not None:
+            plain = not (is_given(instructions) or is_given(tool_choice) or is_given(tools))
+            if spec.confirmed and plain:
+                return self._adopt(spec)
+            # a reply of another kind, or one for a turn the framework has not committed
+            self._withdraw(spec, keep_audio=True)
+
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[llm.GenerationCreatedEvent] = loop.create_future()
         if self._outbox.closed:
+            future: asyncio.Future[llm.GenerationCreatedEvent] = loop.create_future()
             future.set_exception(llm.RealtimeError("the omni realtime session is closed"))
             return future
 
@@ -228,39 +253,25 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             text = wire.instructions_text(instructions)
             if self._instructions:
                 text = f"{self._instructions}\n{text}"
-        self._reply_futures[create_id] = future
-        self._send(
-            wire.create_response(
-                create_id,
-                instructions=text,
-                tool_choice=tool_choice if is_given(tool_choice) else None,
-                tools=wire.tools_to_wire(tools) if is_given(tools) else None,
-            )
+        future = self._wait_for_response(create_id)
+        event = wire.create_response(
+            create_id,
+            instructions=text,
+            tool_choice=tool_choice if is_given(tool_choice) else None,
+            tools=wire.tools_to_wire(tools) if is_given(tools) else None,
         )
-
-        def on_timeout() -> None:
-            if not future.done():
-                future.set_exception(
-                    llm.RealtimeError(f"generate_reply: no response from the omni worker within "
-                                      f"{self._opts.reply_timeout_s:g} s")
-                )
-
-        timer = loop.call_later(self._opts.reply_timeout_s, on_timeout)
-
-        def on_done(f: asyncio.Future[llm.GenerationCreatedEvent]) -> None:
-            timer.cancel()
-            self._reply_futures.pop(create_id, None)
-            if f.cancelled() or f.exception() is not None:
-                # the worker may still create it: it is then cancelled and its items deleted
-                self._discarded_replies.add(create_id)
-
-        future.add_done_callback(on_done)
+        if self._speculation.withdrawn_commits:
+            self._speculation.deferred.append(event)  # sent once the withdrawn turn is deleted
+        else:
+            self._send(event)
         return future
 
     def interrupt(self) -> None:
-        generation = self._generation
+        generation = self._replies.generation
         if generation is None or generation.closed or generation.cancel_sent:
             return
+        if (spec := self._speculation.current) is not None and spec.generation is generation:
+            return  # not the framework's reply (yet): the speculation decides about it
         generation.cancel_sent = True
         self._send(wire.cancel_response(generation.response_id))
 
@@ -307,20 +318,131 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         with contextlib.suppress(asyncio.CancelledError):
             await self._main_task
 
+    # ================================================================== speculative replies
+
+    def start_speculative_reply(self) -> bool:
+        """The VAD heard the user stop: commit the turn and start its reply now, holding the
+        reply until the framework confirms the turn (`commit_audio` + `generate_reply`).
+        Does nothing (returns False) when turned off, while a reply is under way or asked for,
+        while reconnecting, or with under 100 ms of new audio."""
+        if not self._opts.speculative_replies or self._ws is None or self._outbox.closed:
+            return False
+        if self._speculation.current is not None or self._replies.generation is not None or self._replies.waiting:
+            return False
+        for chunk in self._input.flush():
+            self._send_input(chunk)
+        if self._turns.pushed_samples < MIN_COMMIT_SAMPLES:
+            return False
+        commit = wire.commit_audio()
+        spec = Speculation(create_id=wire.event_id("response_create"), commit_id=commit["event_id"],
+                           samples=self._turns.pushed_samples)
+        self._speculation.current = spec
+        self._send(commit)
+        self._turns.pushed_samples = 0
+        self._send(wire.create_response(spec.create_id, instructions=None, tool_choice=None, tools=None))
+        self.emit("omni_speculative_reply", self._speculation.count("started"))
+        return True
+
+    def cancel_speculative_reply(self) -> None:
+        """The user goes on speaking: the speculative reply goes, its turn is reopened."""
+        if (spec := self._speculation.current) is not None and not spec.confirmed:
+            self._withdraw(spec, keep_audio=True)
+
+    def _adopt(self, spec: Speculation) -> asyncio.Future[llm.GenerationCreatedEvent]:
+        """Hand the held reply to the framework, as the answer to its generate_reply."""
+        self._speculation.current = None
+        for name, event in spec.held:
+            self.emit(name, event)  # type: ignore[arg-type]
+        self.emit("omni_speculative_reply", self._speculation.count("used"))
+        if spec.generation is None:  # the worker has not created it yet: resolved when it does
+            return self._wait_for_response(spec.create_id)
+        created = spec.generation.created_event(user_initiated=True)
+        self.emit("generation_created", created)
+        return adopted_future(created)
+
+    def _withdraw(self, spec: Speculation, *, keep_audio: bool) -> None:
+        """Cancel the speculative reply and delete its items on the worker. A confirmed turn
+        stays the user's item; otherwise the item goes too and, with `keep_audio`, its audio
+        goes back into the input buffer ahead of what came since."""
+        self._speculation.current = None
+        generation = spec.generation
+        if generation is not None:
+            generation.discarded = True  # its items are deleted when its response.done comes...
+            if generation.closed:  # ...or now, if it came already
+                for item_id in generation.output_item_ids:
+                    self._speculation.hidden_items.add(item_id)
+                    self._start_item_op(self._delete_op(item_id))
+            elif not generation.cancel_sent:
+                generation.cancel_sent = True
+                self._send(wire.cancel_response(generation.response_id))
+        else:
+            # Not created yet: cancelled and deleted when it is. The cancel sent now comes
+            # after the response.create on the socket, so no later response.create can find
+            # the speculative one still running.
+            self._replies.discarded.add(spec.create_id)
+            self._send(wire.cancel_response(None))
+        if spec.confirmed:
+            self._release_user_turn(spec)
+            self.emit("omni_speculative_reply", self._speculation.count("discarded"))
+            return
+        if spec.item_id is not None:
+            self._speculation.hidden_items.add(spec.item_id)
+            self._start_item_op(self._delete_op(spec.item_id))
+        else:
+            self._speculation.withdrawn_commits.add(spec.commit_id)  # deleted when committed
+        if keep_audio:
+            self._send(RewindInput(spec))
+            self._turns.pushed_samples += spec.samples
+        self.emit("omni_speculative_reply", self._speculation.count("discarded"))
+
+    def _release_user_turn(self, spec: Speculation) -> None:
+        """The speculation's user item stays in the conversation: tell the framework about it."""
+        for name, event in spec.held:
+            item_id = event.item.id if isinstance(event, llm.RemoteItemAddedEvent) else getattr(event, "item_id", None)
+            if item_id is not None and item_id == spec.item_id:
+                self.emit(name, event)
+
+    def _hold(self, item_id: str, name: str, event: Any) -> bool:
+        """Keep a framework event about a speculative item until the hand-over; drop events
+        about withdrawn items. Returns whether the event was taken."""
+        if item_id in self._speculation.hidden_items:
+            return True
+        spec = self._speculation.current
+        if spec is not None and spec.owns(item_id):
+            spec.held.append((name, event))
+            return True
+        return False
+
     # ================================================================== sending
 
-    def _send(self, item: wire.Event | bytes) -> None:
+    def _send(self, item: OutboxItem) -> None:
         if self._outbox.closed:
             return
         if isinstance(item, dict):
             self.emit("omni_client_event_queued", item)
         self._outbox.send_nowait(item)
 
-    async def _send_now(self, ws: aiohttp.ClientWebSocketResponse, item: wire.Event | bytes) -> None:
+    def _send_input(self, pcm: bytes) -> None:
+        self._send(pcm)
+        self._turns.pushed_samples += len(pcm) // 2
+
+    def _drop_input(self) -> None:
+        self._input.clear()
+        self._send(wire.clear_audio())
+        self._turns.pushed_samples = 0
+
+    async def _send_now(self, ws: aiohttp.ClientWebSocketResponse, item: OutboxItem) -> None:
         """Write one event to the socket, noting what the worker now holds."""
+        if isinstance(item, RewindInput):
+            since = bytes(self._turns.on_socket)
+            await self._send_now(ws, wire.clear_audio())
+            pcm = (item.speculation.audio or b"") + since
+            for start in range(0, len(pcm), REPLAY_APPEND_BYTES):
+                await self._send_now(ws, pcm[start:start + REPLAY_APPEND_BYTES])
+            return
         if isinstance(item, bytes):
             event = wire.append_audio(item)
-            self._turn_audio += item
+            self._turns.appended(item)
         else:
             event = item
             self._note_sent(event)
@@ -332,14 +454,15 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
     def _note_sent(self, event: wire.Event) -> None:
         kind, event_id = event["type"], event.get("event_id")
         if kind == "session.update":
-            self._unanswered_updates.append(event_id)
+            self._updates.sent(event_id)
         elif kind == "input_audio_buffer.commit":
-            self._committing.append((event_id, bytes(self._turn_audio)))
-            self._turn_audio.clear()
+            if (spec := self._speculation.current) is not None and spec.commit_id == event_id:
+                spec.audio = bytes(self._turns.on_socket)
+            self._turns.commit_sent(event_id)
         elif kind == "input_audio_buffer.clear":
-            self._turn_audio.clear()
-        elif op := self._item_ops.get(event_id):
-            op.sent = True
+            self._turns.clear_sent()
+        else:
+            self._item_ops.sent(event_id)
 
     async def _send_session_update(self, changes: dict[str, Any], *, kind: str) -> None:
         """Send a session.update; while connected, wait until the worker confirms it."""
@@ -347,8 +470,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         if self._ws is None:
             self._send(event)  # the (re)connection sends the whole session anyway
             return
-        future = asyncio.get_running_loop().create_future()
-        self._update_futures[event["event_id"]] = future
+        future = self._updates.wait_for(event["event_id"])
         self._send(event)
         try:
             await asyncio.wait_for(future, self._opts.update_timeout_s)
@@ -356,13 +478,38 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             raise llm.RealtimeError(
                 f"{kind}: the omni worker did not confirm within {self._opts.update_timeout_s:g} s"
             ) from None
-        finally:
-            self._update_futures.pop(event["event_id"], None)
+
+    def _wait_for_response(self, create_id: str) -> asyncio.Future[llm.GenerationCreatedEvent]:
+        """A future resolved by the response.created that echoes `create_id`, failed by the
+        worker's error for it or after `reply_timeout`; cancelled, the response is discarded."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[llm.GenerationCreatedEvent] = loop.create_future()
+        self._replies.waiting[create_id] = future
+
+        def on_timeout() -> None:
+            if not future.done():
+                future.set_exception(
+                    llm.RealtimeError(f"generate_reply: no response from the omni worker within "
+                                      f"{self._opts.reply_timeout_s:g} s")
+                )
+
+        timer = loop.call_later(self._opts.reply_timeout_s, on_timeout)
+
+        def on_done(f: asyncio.Future[llm.GenerationCreatedEvent]) -> None:
+            timer.cancel()
+            self._replies.waiting.pop(create_id, None)
+            if f.cancelled() or f.exception() is not None:
+                # the worker may still create it: it is then cancelled and its items deleted
+                self._replies.discarded.add(create_id)
+
+        future.add_done_callback(on_done)
+        return future
 
     # ================================================================== chat context diffs
 
-    def _diff_ops(self, chat_ctx: llm.ChatContext) -> list[_ItemOp]:
-        remote = self._remote.to_chat_ctx()
+    def _diff_ops(self, chat_ctx: llm.ChatContext) -> list[ItemOp]:
+        private = self._speculation.private_items()  # the framework does not know them yet
+        remote = llm.ChatContext([i for i in self._remote.to_chat_ctx().items if i.id not in private])
         remote_ids = {item.id for item in remote.items}
         wanted = llm.ChatContext([i for i in chat_ctx.items if i.id in remote_ids or _has_content(i)])
         diff = llm.utils.compute_chat_ctx_diff(remote, wanted)
@@ -377,25 +524,19 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
                 ops.append(op)
         return ops
 
-    def _create_op(self, previous_id: str | None, item: llm.ChatItem | None) -> _ItemOp | None:
+    def _create_op(self, previous_id: str | None, item: llm.ChatItem | None) -> ItemOp | None:
         wire_item = wire.chat_item_to_wire(item) if item is not None else None
         if item is None or wire_item is None:
             return None
         event = wire.create_item(wire_item, previous_id or "root")
-        return _ItemOp(event=event, kind="create", item_id=item.id, chat_item=item.model_copy())
+        return ItemOp(event=event, kind="create", item_id=item.id, chat_item=item.model_copy())
 
-    def _delete_op(self, item_id: str) -> _ItemOp:
-        return _ItemOp(event=wire.delete_item(item_id), kind="delete", item_id=item_id)
+    def _delete_op(self, item_id: str) -> ItemOp:
+        return ItemOp(event=wire.delete_item(item_id), kind="delete", item_id=item_id)
 
-    def _start_item_op(self, op: _ItemOp) -> None:
-        self._item_ops[op.event["event_id"]] = op
+    def _start_item_op(self, op: ItemOp) -> None:
+        self._item_ops.add(op)
         self._send(op.event)
-
-    def _take_item_op(self, kind: str, item_id: str) -> _ItemOp | None:
-        for event_id, op in self._item_ops.items():
-            if op.kind == kind and op.item_id == item_id:
-                return self._item_ops.pop(event_id)
-        return None
 
     # ================================================================== the connection
 
@@ -432,14 +573,11 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         finally:
             self._outbox.close()
             self._connection_lost("the omni realtime session is closed")
-            for op in self._item_ops.values():
-                if op.future is not None and not op.future.done():
-                    op.future.set_exception(llm.RealtimeError("the omni realtime session is closed"))
-            self._item_ops.clear()
+            self._item_ops.reset()
 
     async def _connection(self) -> None:
         started = asyncio.get_running_loop().time()
-        ws = await connect(self._model._ensure_http_session(), self._opts.url, self._opts.api_key,
+        ws = await connect(self._http_session(), self._opts.url, self._opts.api_key,
                            timeout=self._opts.conn_options.timeout)
         self._report_connection_acquired(asyncio.get_running_loop().time() - started)
         try:
@@ -458,16 +596,17 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
 
     async def _open_conversation(self, ws: aiohttp.ClientWebSocketResponse, *, replay: bool) -> None:
         """Send the session; after a reconnection also the conversation and unfinished input."""
-        self._unanswered_updates.clear()
+        self._updates.reset()
         session = wire.full_session(
             voice=self._voice, modalities=self._opts.modalities, max_output_tokens=self._opts.max_output_tokens,
             instructions=self._instructions, tools=self._wire_tools, tool_choice=self._tool_choice,
+            input_transcription=self._opts.input_transcription,
         )
         await self._send_now(ws, wire.session_update(session))
         if not replay:
             return
         self._assistant_audio_samples.clear()  # the new worker holds earlier replies as text
-        self._item_ops = {key: op for key, op in self._item_ops.items() if not op.replay}  # a lost replay's
+        resend = self._item_ops.unanswered_on_lost_socket()
         for item in self._remote.to_chat_ctx().items:
             wire_item = wire.chat_item_to_wire(item)
             if wire_item is None:
@@ -479,16 +618,15 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
                                "the new worker will not have it", item.id)
                 self._remote.delete(item.id)
                 continue
-            self._item_ops[event["event_id"]] = _ItemOp(event=event, kind="create", item_id=item.id, replay=True)
+            self._item_ops.add(ItemOp(event=event, kind="create", item_id=item.id, replay=True))
             await self._send_now(ws, event)
-        for op in [op for op in self._item_ops.values() if op.sent and not op.replay]:
+        for op in resend:
             await self._send_now(ws, op.event)  # sent on the lost socket, never answered
         await self._replay_input_audio(ws)
 
     async def _replay_input_audio(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         """Input the lost worker had but never turned into an item: commits, then the open turn."""
-        committing, self._committing = list(self._committing), deque()
-        turn, self._turn_audio = bytes(self._turn_audio), bytearray()
+        committing, turn = self._turns.reset_for_replay()
         for commit_id, pcm in committing:
             for start in range(0, len(pcm), REPLAY_APPEND_BYTES):
                 await self._send_now(ws, pcm[start:start + REPLAY_APPEND_BYTES])
@@ -542,17 +680,15 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
     def _connection_lost(self, reason: str) -> None:
         """Settle what the lost worker can no longer answer; the rest is replayed."""
         self._ws = None
-        if self._generation is not None:
+        if (spec := self._speculation.reset()) is not None:
+            # its reply is gone with the worker; the audio it committed stays the user's turn
+            self._release_user_turn(spec)
+            self.emit("omni_speculative_reply", self._speculation.count("discarded"))
+        if (generation := self._replies.reset(reason)) is not None:
             if not self._closing:
                 logger.warning("the reply in progress ended early: %s", reason)
-            self._finish_generation(self._generation)
-        for future in list(self._reply_futures.values()):
-            if not future.done():
-                future.set_exception(llm.RealtimeError(f"generate_reply: {reason}"))
-        for future in self._update_futures.values():
-            if not future.done():
-                future.set_result(None)  # the new connection sends the whole session
-        self._unanswered_updates.clear()
+            self._finish_generation(generation)
+        self._updates.reset()
 
     def _emit_error(self, error: Exception, *, recoverable: bool) -> None:
         self.emit(
@@ -573,22 +709,33 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         if code in FATAL_ERROR_CODES:
             raise APIError(f"the omni worker refused the session: {message} ({code})", body=error,
                            retryable=False)
-        if (future := self._reply_futures.get(event_id)) is not None:
+        if (future := self._replies.waiting.get(event_id)) is not None:
             if not future.done():
                 future.set_exception(llm.RealtimeError(f"generate_reply: {message}", code=code))
             return
-        if (op := self._item_ops.pop(event_id, None)) is not None:
+        if (spec := self._speculation.current) is not None and event_id in (spec.create_id, spec.commit_id):
+            # the worker would not take it: back to the framework's own commit and reply
+            logger.debug("speculative reply refused: %s (%s)", message, code)
+            if event_id == spec.create_id:
+                self._withdraw(spec, keep_audio=not spec.confirmed)
+                return
+            # the commit was refused, so the worker's buffer still holds the turn's audio
+            self._speculation.current = None
+            self._turns.refused(event_id)
+            self._turns.pushed_samples += spec.samples
+            self._replies.discarded.add(spec.create_id)
+            self._send(wire.cancel_response(None))
+            self.emit("omni_speculative_reply", self._speculation.count("discarded"))
+            return
+        if (op := self._item_ops.take_refused(event_id)) is not None:
             self._on_item_op_refused(op, code, message)
             return
-        if event_id in self._unanswered_updates:
-            self._unanswered_updates.remove(event_id)
-            if (future := self._update_futures.get(event_id)) is not None and not future.done():
-                future.set_exception(llm.RealtimeError(f"session.update: {message}", code=code))
-                return
-        for commit in self._committing:
-            if commit[0] == event_id:
-                self._committing.remove(commit)
-                break
+        if self._updates.refused(event_id, code, message):
+            return
+        self._turns.refused(event_id)
+        if event_id in self._speculation.withdrawn_commits:
+            self._withdrawn_commit_settled(event_id)
+            return
         if code in RACE_ERROR_CODES:
             logger.debug("omni worker: %s (%s)", message, code)
             return
@@ -596,7 +743,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         self._emit_error(APIError(f"omni worker error {code}: {message}", body=error, retryable=True),
                          recoverable=True)
 
-    def _on_item_op_refused(self, op: _ItemOp, code: str | None, message: str) -> None:
+    def _on_item_op_refused(self, op: ItemOp, code: str | None, message: str) -> None:
         if op.replay:
             # the new worker would not take an earlier item: the mirror must not claim it has it
             logger.warning("could not replay item %s after reconnecting: %s (%s)", op.item_id, message, code)
@@ -608,20 +755,32 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             logger.warning("omni worker refused %s of %s: %s (%s)", op.event["type"], op.item_id, message, code)
 
     def _on_session_updated(self, event: dict[str, Any]) -> None:
-        if self._unanswered_updates:
-            event_id = self._unanswered_updates.popleft()
-            if (future := self._update_futures.get(event_id)) is not None and not future.done():
-                future.set_result(None)
+        self._updates.answered()
 
     def _on_audio_committed(self, event: dict[str, Any]) -> None:
-        pcm = self._committing.popleft()[1] if self._committing else b""
-        self._committed_audio[event["item_id"]] = pcm
+        item_id = event["item_id"]
+        commit_id = self._turns.committing[0][0] if self._turns.committing else None
+        self._turns.acknowledged(item_id)
+        if commit_id in self._speculation.withdrawn_commits:
+            self._speculation.hidden_items.add(item_id)
+            self._start_item_op(self._delete_op(item_id))
+            self._withdrawn_commit_settled(commit_id)
+        elif (spec := self._speculation.current) is not None and spec.commit_id == commit_id:
+            spec.item_id = item_id
+
+    def _withdrawn_commit_settled(self, commit_id: str) -> None:
+        """A withdrawn speculation's commit is deleted (or was refused): held replies may go."""
+        self._speculation.withdrawn_commits.discard(commit_id)
+        if not self._speculation.withdrawn_commits:
+            deferred, self._speculation.deferred = self._speculation.deferred, []
+            for create in deferred:
+                self._send(create)
 
     def _on_item_added(self, event: dict[str, Any]) -> None:
         item = event["item"]
         item_id = item["id"]
-        op = self._take_item_op("create", item_id)
-        generation = self._generation
+        op = self._item_ops.take("create", item_id)
+        generation = self._replies.generation
         if generation is not None and generation.discarded and item_id in generation.output_item_ids:
             return  # deleted again when its response is done
         if self._remote.get(item_id) is None:
@@ -629,13 +788,15 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
                 chat_item = op.chat_item
             else:
                 chat_item = wire.wire_item_to_chat_item(item)
-            if (pcm := self._committed_audio.pop(item_id, None)) and isinstance(chat_item, llm.ChatMessage):
+            if (pcm := self._turns.take_audio(item_id)) and isinstance(chat_item, llm.ChatMessage):
                 chat_item.content = [llm.AudioContent(frame=[audio.input_frame(pcm)])]
             previous = event.get("previous_item_id")
             if previous is not None and self._remote.get(previous) is None:
                 previous = self._remote.tail_id
             self._remote.insert(previous, chat_item)
-            self.emit("remote_item_added", llm.RemoteItemAddedEvent(previous_item_id=previous, item=chat_item))
+            added = llm.RemoteItemAddedEvent(previous_item_id=previous, item=chat_item)
+            if not self._hold(item_id, "remote_item_added", added):
+                self.emit("remote_item_added", added)
         if op is not None and op.future is not None and not op.future.done():
             op.future.set_result(None)
 
@@ -650,45 +811,74 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         with contextlib.suppress(ValueError):
             self._remote.delete(item_id)
         self._assistant_audio_samples.pop(item_id, None)
-        op = self._take_item_op("delete", item_id)
+        self._input_transcripts.pop(item_id, None)
+        self._speculation.hidden_items.discard(item_id)
+        op = self._item_ops.take("delete", item_id)
         if op is not None and op.future is not None and not op.future.done():
             op.future.set_result(None)
 
+    # ------------------------------------------------------------------ user transcripts
+
+    def _on_input_transcript_delta(self, event: dict[str, Any]) -> None:
+        item_id = event["item_id"]
+        if self._remote.get(item_id) is None:
+            return  # deleted meanwhile (a withdrawn speculative turn)
+        text = self._input_transcripts.get(item_id, "") + (event.get("delta") or "")
+        self._input_transcripts[item_id] = text
+        interim = llm.InputTranscriptionCompleted(item_id=item_id, transcript=text, is_final=False)
+        if not self._hold(item_id, "input_audio_transcription_completed", interim):
+            self.emit("input_audio_transcription_completed", interim)
+
     def _on_input_transcript(self, event: dict[str, Any]) -> None:
+        item_id = event["item_id"]
+        self._input_transcripts.pop(item_id, None)
+        remote = self._remote.get(item_id)
+        if remote is None:
+            return
         transcript = event.get("transcript") or ""
-        remote = self._remote.get(event["item_id"])
-        if remote is not None and isinstance(remote.item, llm.ChatMessage):
-            remote.item.content.append(transcript)
-        self.emit(
-            "input_audio_transcription_completed",
-            llm.InputTranscriptionCompleted(item_id=event["item_id"], transcript=transcript, is_final=True),
-        )
+        if isinstance(remote.item, llm.ChatMessage):
+            for part in remote.item.content:
+                if isinstance(part, llm.AudioContent):
+                    part.transcript = transcript  # replayed with the audio after a reconnection
+        final = llm.InputTranscriptionCompleted(item_id=item_id, transcript=transcript, is_final=True)
+        if not self._hold(item_id, "input_audio_transcription_completed", final):
+            self.emit("input_audio_transcription_completed", final)
+
+    def _on_input_transcript_failed(self, event: dict[str, Any]) -> None:
+        self._input_transcripts.pop(event["item_id"], None)
+        error = event.get("error") or {}
+        logger.warning("the omni worker could not transcribe user turn %s: %s (%s)", event["item_id"],
+                       error.get("message", "unknown error"), error.get("code"))
 
     # ------------------------------------------------------------------ responses
 
     def _on_response_created(self, event: dict[str, Any]) -> None:
-        if self._generation is not None:  # the worker runs one response at a time; never hang one
-            self._finish_generation(self._generation)
+        if self._replies.generation is not None:  # the worker runs one response at a time; never hang one
+            self._finish_generation(self._replies.generation)
         response = event["response"]
         create_id = (response.get("metadata") or {}).get("client_event_id")
-        if create_id in self._discarded_replies:
-            self._discarded_replies.discard(create_id)
-            self._generation = Generation(response["id"], discarded=True)
-            self._generation.cancel_sent = True
+        if create_id in self._replies.discarded:
+            self._replies.discarded.discard(create_id)
+            generation = Generation(response["id"], discarded=True)
+            generation.cancel_sent = True
+            self._replies.generation = generation
             self._send(wire.cancel_response(response["id"]))
             return
         generation = Generation(response["id"])
-        self._generation = generation
+        self._replies.generation = generation
+        if (spec := self._speculation.current) is not None and spec.create_id == create_id:
+            spec.generation = generation  # held: its streams fill until the turn is confirmed
+            return
         created = generation.created_event(user_initiated=False)
-        future = self._reply_futures.pop(create_id, None) if create_id else None
+        future = self._replies.waiting.pop(create_id, None) if create_id else None
         if future is not None and not future.done():
             created.user_initiated = True
             future.set_result(created)
         self.emit("generation_created", created)
 
     def _current(self, event: dict[str, Any]) -> Generation | None:
-        """The generation an event belongs to, if the framework is listening to it."""
-        generation = self._generation
+        """The generation an event belongs to, if the framework is (or may be) listening to it."""
+        generation = self._replies.generation
         if generation is None or generation.response_id != event.get("response_id"):
             return None
         return None if generation.discarded or generation.closed else generation
@@ -699,8 +889,9 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
 
     def _on_output_item_added(self, event: dict[str, Any]) -> None:
         item = event["item"]
-        if self._generation is not None and self._generation.response_id == event["response_id"]:
-            self._generation.output_item_ids.append(item["id"])
+        generation = self._replies.generation
+        if generation is not None and generation.response_id == event["response_id"]:
+            generation.output_item_ids.append(item["id"])
         generation = self._current(event)
         if generation is None:
             return
@@ -722,7 +913,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         item_id = event["item_id"]
         self._assistant_audio_samples[item_id] = self._assistant_audio_samples.get(item_id, 0) + \
             frame.samples_per_channel
-        self._generation.mark_output()  # type: ignore[union-attr]
+        self._replies.generation.mark_output()  # type: ignore[union-attr]
         streams.set_modalities(["audio", "text"])
         with contextlib.suppress(utils.aio.ChanClosed):
             streams.audio.send_nowait(frame)
@@ -732,7 +923,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         if streams is None:
             return
         if streams.audio.closed:
-            self._generation.mark_output()  # type: ignore[union-attr]  # text-only reply
+            self._replies.generation.mark_output()  # type: ignore[union-attr]  # text-only reply
         streams.transcript += event["delta"]
         with contextlib.suppress(utils.aio.ChanClosed):
             streams.text.send_nowait(event["delta"])
@@ -759,21 +950,24 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
 
     def _on_response_done(self, event: dict[str, Any]) -> None:
         response = event["response"]
-        generation = self._generation
+        generation = self._replies.generation
         if generation is None or generation.response_id != response["id"]:
             return
         if generation.discarded:
             # nobody heard it: the worker must not remember it either
             for item_id in generation.output_item_ids:
+                self._speculation.hidden_items.add(item_id)
                 self._start_item_op(self._delete_op(item_id))
         self._finish_generation(generation)
         if generation.discarded:
             return
-        self.emit(
-            "metrics_collected",
-            response_metrics(generation, response, label=self._model.label, model=self._model.model,
-                             provider=self._model.provider),
-        )
+        metrics = response_metrics(generation, response, label=self._model.label, model=self._model.model,
+                                   provider=self._model.provider)
+        spec = self._speculation.current
+        if spec is not None and spec.generation is generation:
+            spec.held.append(("metrics_collected", metrics))  # reported if the reply is used
+        else:
+            self.emit("metrics_collected", metrics)
         if response.get("status") == "failed":
             error = (response.get("status_details") or {}).get("error") or {}
             self._emit_error(
@@ -787,8 +981,8 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             if not streams.text.closed:  # its output_item.done never came
                 self._set_mirror_text(item_id, streams.transcript)
         generation.close(self._opts.modalities)
-        if self._generation is generation:
-            self._generation = None
+        if self._replies.generation is generation:
+            self._replies.generation = None
 
     def _set_mirror_text(self, item_id: str, text: str) -> None:
         remote = self._remote.get(item_id)

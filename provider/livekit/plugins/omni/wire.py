@@ -37,6 +37,7 @@ def full_session(
     instructions: str | None,
     tools: list[dict[str, Any]],
     tool_choice: llm.ToolChoice | None,
+    input_transcription: bool,
 ) -> dict[str, Any]:
     """Everything the session needs, as sent on (re)connection."""
     session: dict[str, Any] = {
@@ -45,6 +46,8 @@ def full_session(
             "input": {
                 "format": {"type": "audio/pcm", "rate": audio.INPUT_SAMPLE_RATE},
                 "turn_detection": None,  # the agent decides turns
+                # the worker transcribes with the omni model itself: the model name is its own
+                "transcription": {"model": "omni"} if input_transcription else None,
             },
             "output": {"format": {"type": "audio/pcm", "rate": audio.OUTPUT_SAMPLE_RATE}, "voice": voice},
         },

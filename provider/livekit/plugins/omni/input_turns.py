@@ -1,0 +1,58 @@
+"""The user's audio between the framework and the worker's conversation."""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class InputTurns:
+    """Input audio the worker has not yet turned into a conversation item, stage by stage.
+
+    - `pushed_samples`: 16 kHz samples given since the last commit or clear (the worker refuses
+      commits under 100 ms, so the session checks before committing);
+    - `on_socket`: audio appended on this socket and not committed: what the worker's input
+      buffer holds;
+    - `committing`: commits sent and not acknowledged, with their audio;
+    - `committed`: acknowledged commits, by item id, until their `conversation.item.added`
+      (when the audio goes into the mirror: the worker echoes no audio back).
+    """
+
+    def __init__(self) -> None:
+        self.pushed_samples = 0
+        self.on_socket = bytearray()
+        self.committing: deque[tuple[str, bytes]] = deque()
+        self.committed: dict[str, bytes] = {}
+
+    def appended(self, pcm: bytes) -> None:
+        self.on_socket += pcm
+
+    def commit_sent(self, event_id: str) -> None:
+        self.committing.append((event_id, bytes(self.on_socket)))
+        self.on_socket.clear()
+
+    def clear_sent(self) -> None:
+        self.on_socket.clear()
+
+    def acknowledged(self, item_id: str) -> bytes:
+        """The worker committed the oldest commit in flight as `item_id`; returns its audio."""
+        pcm = self.committing.popleft()[1] if self.committing else b""
+        self.committed[item_id] = pcm
+        return pcm
+
+    def refused(self, event_id: str) -> bool:
+        for commit in self.committing:
+            if commit[0] == event_id:
+                self.committing.remove(commit)
+                return True
+        return False
+
+    def take_audio(self, item_id: str) -> bytes | None:
+        return self.committed.pop(item_id, None)
+
+    def reset_for_replay(self) -> tuple[list[tuple[str, bytes]], bytes]:
+        """A new socket: returns the commits the lost worker never acknowledged and the open
+        turn's audio, and forgets both (they are sent again on the new socket and counted
+        anew). Acknowledged commits stay: their items are in the mirror's replay."""
+        committing, self.committing = list(self.committing), deque()
+        turn, self.on_socket = bytes(self.on_socket), bytearray()
+        return committing, turn
