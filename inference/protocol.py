@@ -460,6 +460,30 @@ class ConversationItemDeleted(_ServerEvent):
     item_id: str
 
 
+class ConversationItemInputAudioTranscriptionDelta(_ServerEvent):
+    type: Literal["conversation.item.input_audio_transcription.delta"] = \
+        "conversation.item.input_audio_transcription.delta"
+    item_id: str
+    content_index: int = 0
+    delta: str
+
+
+class ConversationItemInputAudioTranscriptionCompleted(_ServerEvent):
+    type: Literal["conversation.item.input_audio_transcription.completed"] = \
+        "conversation.item.input_audio_transcription.completed"
+    item_id: str
+    content_index: int = 0
+    transcript: str
+
+
+class ConversationItemInputAudioTranscriptionFailed(_ServerEvent):
+    type: Literal["conversation.item.input_audio_transcription.failed"] = \
+        "conversation.item.input_audio_transcription.failed"
+    item_id: str
+    content_index: int = 0
+    error: ErrorDetail
+
+
 class ResponseCreated(_ServerEvent):
     type: Literal["response.created"] = "response.created"
     response: Response

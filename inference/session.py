@@ -25,6 +25,7 @@ from .conversation import Conversation, ConversationError, Entry, entry_context
 from .metrics import WorkerMetrics
 from .outbox import Outbox
 from .response import ResponseRun
+from .transcription import InputTranscriber
 from .vad import EnergyVad, SpeechStarted, SpeechStopped
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class RealtimeSession:
         self._response: ResponseRun | None = None
         self._response_task: asyncio.Task[None] | None = None
         self._outbox: Outbox | None = None  # made in run(): it starts a task
+        self._transcriber = InputTranscriber(engine, self.conversation, self.send)
         self._handlers = {
             "session.update": self._session_update,
             "input_audio_buffer.append": self._append,
@@ -105,6 +107,7 @@ class RealtimeSession:
                     break
         finally:
             await self._cancel_response("client_disconnected")
+            await self._transcriber.aclose()
             try:
                 self._engine.end_session(self.config.id)
             except Exception:
@@ -168,9 +171,6 @@ class RealtimeSession:
             log.warning("session %s: turn detection %r is served as server_vad", self.config.id,
                         config.audio.input.turn_detection.type)
             config.audio.input.turn_detection.type = "server_vad"
-        if config.audio.input.transcription:
-            log.warning("session %s: input transcription is not supported; ignoring %s",
-                        self.config.id, config.audio.input.transcription)
         # validated: apply
         if config.audio.input.format.rate != self._resampler.rate:
             self._buffer_add(self._resampler.flush())
@@ -283,6 +283,8 @@ class RealtimeSession:
         await self.send(p.InputAudioBufferCommitted(previous_item_id=previous, item_id=item_id))
         await self.send(p.ConversationItemAdded(previous_item_id=previous, item=item))
         await self.send(p.ConversationItemDone(previous_item_id=previous, item=item))
+        if self.config.audio.input.transcription is not None:
+            self._transcriber.submit(item_id, audio, self.config.audio.input.transcription)
 
     async def _clear(self, event: p.InputAudioBufferClear) -> None:
         self._resampler.flush()
