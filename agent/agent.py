@@ -67,7 +67,7 @@ class VoiceAgent(Agent):
 
 def prewarm(proc: JobProcess) -> None:
     """Load models once per job process, before a call arrives."""
-    proc.userdata["vad"] = silero.VAD.load()
+    proc.userdata["vad"] = silero.VAD.load(min_silence_duration=settings().vad_min_silence_s)
     init_eot()  # the v1-mini turn detector's weights (~100 MB), shipped in livekit-local-inference
 
 
@@ -76,6 +76,7 @@ def build_session(config: AgentSettings, vad: SpeechLengthVAD) -> AgentSession:
         url=config.omni_url,
         api_key=config.omni_api_key.get_secret_value() if config.omni_api_key else None,
         voice=config.voice,
+        speculative_replies=config.speculative_replies,
     )
     return AgentSession(
         vad=vad,
@@ -105,6 +106,8 @@ async def entrypoint(ctx: JobContext) -> None:
     events = RoomEvents(session, ctx.room)
     events.attach()
     BargeInGate(session, vad, min_speech_s=config.min_barge_in_s, on_ignored=events.sound_ignored).attach()
+    # The VAD's end of speech starts the reply; the turn detector's decision plays it.
+    omni.SpeculativeReplyTrigger(session).attach()
     ctx.add_shutdown_callback(events.aclose)
 
     agent = VoiceAgent(config, on_user_turn=events.user_turn)

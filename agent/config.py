@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_INSTRUCTIONS = (
@@ -55,8 +55,21 @@ class AgentSettings(BaseSettings):
         1.0, gt=0, validation_alias="AGENT_FALSE_INTERRUPTION_TIMEOUT_S",
         description="silence after a pause before the agent resumes its reply",
     )
-    min_endpointing_delay_s: float = Field(0.3, ge=0, validation_alias="AGENT_MIN_ENDPOINTING_DELAY_S")
+    # The VAD's silence and the endpointing delays are tuned together: the VAD reports the end
+    # of speech after `vad_min_silence_s`, which is when a speculative reply starts and the turn
+    # detector scores the turn; a confident detector then ends the turn
+    # `min_endpointing_delay_s` after the last speech (a shorter delay than the VAD's silence
+    # would do nothing), an unsure one after `max_endpointing_delay_s`.
+    vad_min_silence_s: float = Field(
+        0.25, ge=0.1, le=2.0, validation_alias="AGENT_VAD_MIN_SILENCE_S",
+        description="silence after speech before the VAD reports the end of speech",
+    )
+    min_endpointing_delay_s: float = Field(0.25, ge=0, validation_alias="AGENT_MIN_ENDPOINTING_DELAY_S")
     max_endpointing_delay_s: float = Field(2.5, gt=0, validation_alias="AGENT_MAX_ENDPOINTING_DELAY_S")
+    speculative_replies: bool = Field(
+        True, validation_alias="AGENT_SPECULATIVE_REPLIES",
+        description="start each reply at the VAD's end of speech, before the turn is confirmed",
+    )
 
     # Worker-level behaviour.
     load_threshold: float = Field(
@@ -71,6 +84,12 @@ class AgentSettings(BaseSettings):
         "", validation_alias=AliasChoices("AGENT_NAME", "LIVEKIT_AGENT_NAME"),
         description="empty: dispatched to every new room; set: explicit dispatch only",
     )
+
+    @model_validator(mode="after")
+    def _delays_in_order(self) -> AgentSettings:
+        if self.min_endpointing_delay_s > self.max_endpointing_delay_s:
+            raise ValueError("AGENT_MIN_ENDPOINTING_DELAY_S must not be above AGENT_MAX_ENDPOINTING_DELAY_S")
+        return self
 
     @field_validator("omni_url")
     @classmethod

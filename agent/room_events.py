@@ -10,10 +10,15 @@ object with `type` and `at` (the agent's wall clock, seconds since the epoch):
 - `user_state` {state, old_state}: the agent's VAD view of the user.
 - `user_turn` {}: the agent decided the user's turn is over (VAD silence, then the turn
   detector's endpointing delay) and asks the model for a reply.
-- `turn` {turn, voice_to_voice_s, model_first_audio_s, interrupted, conversation_items}: once
-  per agent reply, when it is over (played out, or cut).
+- `turn` {turn, voice_to_voice_s, endpointing_s, model_first_audio_s, speculative, interrupted,
+  conversation_items}: once per agent reply, when it is over (played out, or cut).
   voice_to_voice_s runs from the end of the user's speech to the reply's first audio frame
-  going out to the room.
+  going out to the room; endpointing_s from the end of speech to the end-of-turn decision
+  (null for replies no user turn asked for, e.g. the greeting); speculative: the reply was
+  started at the VAD's end of speech, before that decision.
+- `speculative_reply` {outcome, started, used, discarded}: a reply started before the turn
+  was confirmed, and what became of it (outcome "started", "used" or "discarded"), with the
+  call's counts so far.
 - `false_interruption` {resumed}: the agent paused for a sound and went on with its reply.
 - `sound_ignored` {speech_s}: a short sound over the reply was not taken as a turn.
 - `response_done` {response_id, cancelled, model_first_audio_s}: the worker finished a
@@ -41,8 +46,9 @@ from livekit.agents import (
     UserStateChangedEvent,
     llm,
 )
-from livekit.agents.metrics import RealtimeModelMetrics
+from livekit.agents.metrics import EOUMetrics, RealtimeModelMetrics
 from livekit.agents.voice import SpeechHandle
+from livekit.plugins import omni
 
 from .barge_in import IgnoredSound
 
@@ -57,6 +63,8 @@ class RoomEvents:
         self._room = room
         self._turns = 0
         self._model_first_audio: dict[str, float] = {}  # response id → seconds
+        self._endpointing: dict[str, float] = {}  # speech id → end of speech to turn decision, s
+        self._watched_sessions: set[int] = set()  # realtime sessions whose speculation we report
         self._sending: set[asyncio.Task[None]] = set()
 
     def attach(self) -> None:
@@ -82,6 +90,7 @@ class RoomEvents:
     # -- session events
 
     def _on_agent_state(self, ev: AgentStateChangedEvent) -> None:
+        self._watch_realtime_session()
         self.publish("agent_state", state=ev.new_state, old_state=ev.old_state, at=ev.created_at)
 
     def _on_user_state(self, ev: UserStateChangedEvent) -> None:
@@ -89,6 +98,9 @@ class RoomEvents:
 
     def _on_metrics(self, ev: MetricsCollectedEvent) -> None:
         m = ev.metrics
+        if isinstance(m, EOUMetrics) and m.speech_id:
+            self._endpointing[m.speech_id] = m.end_of_utterance_delay
+            return
         if not isinstance(m, RealtimeModelMetrics):
             return
         first_audio = m.ttft if m.ttft >= 0 else None
@@ -107,20 +119,27 @@ class RoomEvents:
         metrics = said[0].metrics if said else {}
         voice_to_voice = metrics.get("e2e_latency")
         model_first_audio = None
-        for response_id in metrics.get("provider_request_ids", []):
+        response_ids = metrics.get("provider_request_ids", [])
+        for response_id in response_ids:
             model_first_audio = self._model_first_audio.pop(response_id, model_first_audio)
+        rt = self._realtime_session()
+        speculative = rt is not None and any(rt.is_speculative_reply(r) for r in response_ids)
+        endpointing = self._endpointing.pop(reply.id, None)
         items = self._conversation_size()
 
         log.info(
-            "turn %d: voice-to-voice %s (end of user speech → first agent audio out), "
-            "model first audio %s, interrupted=%s, conversation items=%s",
-            self._turns, _ms(voice_to_voice), _ms(model_first_audio), reply.interrupted, items,
+            "turn %d: voice-to-voice %s (end of user speech → first agent audio out), endpointing %s, "
+            "model first audio %s%s, interrupted=%s, conversation items=%s",
+            self._turns, _ms(voice_to_voice), _ms(endpointing), _ms(model_first_audio),
+            " (started before the turn was confirmed)" if speculative else "", reply.interrupted, items,
         )
         self.publish(
             "turn",
             turn=self._turns,
             voice_to_voice_s=voice_to_voice,
+            endpointing_s=endpointing,
             model_first_audio_s=model_first_audio,
+            speculative=speculative,
             interrupted=reply.interrupted,
             conversation_items=items,
         )
@@ -148,13 +167,25 @@ class RoomEvents:
             log.debug("could not publish an agent event: %s", e)
 
 
+    def _realtime_session(self) -> omni.RealtimeSession | None:
+        try:
+            rt = self._session.current_agent.realtime_llm_session
+        except RuntimeError:  # no agent or no realtime session (the call is ending)
+            return None
+        return rt if isinstance(rt, omni.RealtimeSession) else None
+
+    def _watch_realtime_session(self) -> None:
+        """Report its speculative replies (the session exists once the agent is running)."""
+        rt = self._realtime_session()
+        if rt is not None and id(rt) not in self._watched_sessions:
+            self._watched_sessions.add(id(rt))
+            rt.on("omni_speculative_reply", lambda ev: self.publish("speculative_reply", **ev))
+
     def _conversation_size(self) -> int | None:
         """Items in the model's conversation, as the omni worker acknowledged them (the
         realtime session mirrors the worker's `conversation.item.added` events)."""
-        try:
-            return len(self._session.current_agent.realtime_llm_session.chat_ctx.items)
-        except RuntimeError:  # no agent or no realtime session (the call is ending)
-            return None
+        rt = self._realtime_session()
+        return len(rt.chat_ctx.items) if rt is not None else None
 
 
 def _ms(seconds: float | None) -> str:

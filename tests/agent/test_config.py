@@ -47,3 +47,20 @@ def test_bad_values_are_refused_with_the_setting_named(monkeypatch: pytest.Monke
     monkeypatch.setenv(name, value)
     with pytest.raises(ValidationError, match=name):
         AgentSettings()
+
+
+def test_turn_taking_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AGENT_SPECULATIVE_REPLIES", "AGENT_VAD_MIN_SILENCE_S", "AGENT_MIN_ENDPOINTING_DELAY_S",
+                 "AGENT_MAX_ENDPOINTING_DELAY_S"):
+        monkeypatch.delenv(name, raising=False)
+    s = AgentSettings()
+    # on by default; a confident turn detector ends the turn well under the VAD's old 0.55 s
+    assert s.speculative_replies is True
+    assert max(s.vad_min_silence_s, s.min_endpointing_delay_s) <= 0.3
+    monkeypatch.setenv("AGENT_SPECULATIVE_REPLIES", "false")
+    monkeypatch.setenv("AGENT_VAD_MIN_SILENCE_S", "0.4")
+    s = AgentSettings()
+    assert (s.speculative_replies, s.vad_min_silence_s) == (False, 0.4)
+    monkeypatch.setenv("AGENT_MIN_ENDPOINTING_DELAY_S", "3")
+    with pytest.raises(ValidationError, match="AGENT_MIN_ENDPOINTING_DELAY_S"):
+        AgentSettings()

@@ -72,6 +72,7 @@ async def test_a_confirmed_turn_plays_the_reply_started_at_the_end_of_speech(gat
     assert [e.item.role for e in added] == ["user", "assistant"]
     assert [o["outcome"] for o in outcomes] == ["started", "used"]
     assert session.speculative_reply_counts == {"started": 1, "used": 1, "discarded": 0}
+    assert session.is_speculative_reply(generation.response_id)
 
     # the next turn sees exactly that conversation: the turn, the reply, the new turn
     push(session, 0.5)
@@ -108,6 +109,7 @@ async def test_speech_that_goes_on_cancels_the_reply_and_keeps_one_whole_turn(ga
     assert first_done["response"]["id"] != generation.response_id
     assert first_done["response"]["status"] == ("cancelled" if resume_after == "created" else "completed")
     assert session.speculative_reply_counts == {"started": 1, "used": 0, "discarded": 1}
+    assert not session.is_speculative_reply(generation.response_id)
     # the framework only ever heard of the final turn and its reply
     assert [e.item.role for e in added] == ["user", "assistant"]
     assert [i.id for i in session.chat_ctx.items] == [e.item.id for e in added]

@@ -133,6 +133,10 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         """Speculative replies started, used (the turn was confirmed) and discarded so far."""
         return dict(self._speculation.counts)
 
+    def is_speculative_reply(self, response_id: str) -> bool:
+        """Whether that response was started before its turn was confirmed, and then used."""
+        return response_id in self._speculation.used_responses
+
     async def update_instructions(self, instructions: str | Instructions) -> None:
         text = wire.instructions_text(instructions)
         if text == self._instructions:
@@ -354,8 +358,10 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         for name, event in spec.held:
             self.emit(name, event)  # type: ignore[arg-type]
         self.emit("omni_speculative_reply", self._speculation.count("used"))
+        self._speculation.used_creates.add(spec.create_id)
         if spec.generation is None:  # the worker has not created it yet: resolved when it does
             return self._wait_for_response(spec.create_id)
+        self._speculation.used_responses.add(spec.generation.response_id)
         created = spec.generation.created_event(user_initiated=True)
         self.emit("generation_created", created)
         return adopted_future(created)
@@ -866,6 +872,8 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             return
         generation = Generation(response["id"])
         self._replies.generation = generation
+        if create_id in self._speculation.used_creates:
+            self._speculation.used_responses.add(generation.response_id)
         if (spec := self._speculation.current) is not None and spec.create_id == create_id:
             spec.generation = generation  # held: its streams fill until the turn is confirmed
             return

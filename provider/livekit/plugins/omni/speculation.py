@@ -69,6 +69,8 @@ class SpeculativeReplies:
         # reply is generated with a withdrawn turn in its context
         self.deferred: list[dict[str, Any]] = []
         self.counts: dict[Outcome, int] = {"started": 0, "used": 0, "discarded": 0}
+        self.used_creates: set[str] = set()  # create ids of the replies handed over
+        self.used_responses: set[str] = set()  # and their response ids, once known
 
     def count(self, outcome: Outcome) -> dict[str, Any]:
         self.counts[outcome] += 1
