@@ -102,6 +102,8 @@ async def open_session(gateway):
     opened: list[tuple[RealtimeModel, RealtimeSession]] = []
 
     def open_(**options: Any) -> tuple[RealtimeSession, Recorder]:
+        # the engine then sees replies only (test_provider_transcription.py turns it on)
+        options.setdefault("input_transcription", False)
         model = RealtimeModel(url=gateway.url, api_key=KEY, **options)
         session = model.session()
         opened.append((model, session))

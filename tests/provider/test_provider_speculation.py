@@ -29,6 +29,11 @@ async def gateway():
     await gw.stop()
 
 
+def replies(engine: ScriptedEngine) -> list:
+    """The engine's reply requests (transcriptions of the user's turns run beside them)."""
+    return [r for r in engine.requests if r.priority == "realtime"]
+
+
 def push(session, seconds: float, *, value: int = 1000) -> None:
     for frame in room_frames(seconds, value=value):
         session.push_audio(frame)
@@ -66,7 +71,7 @@ async def test_a_confirmed_turn_plays_the_reply_started_at_the_end_of_speech(gat
     [(_, text, frames)] = messages
     assert text == "word0 word1 word2 word3 word4 " and sum(f.samples_per_channel for f in frames) == 5 * 4800
 
-    [request] = gateway.engine.requests  # one response only: the speculative one was used
+    [request] = replies(gateway.engine)  # one response only: the speculative one was used
     assert context_kinds(request) == ["UserAudio"]
     assert abs(seconds_of(request.context[0]) - 1.0) < 0.02  # the silence after it was dropped
     assert [e.item.role for e in added] == ["user", "assistant"]
@@ -79,7 +84,7 @@ async def test_a_confirmed_turn_plays_the_reply_started_at_the_end_of_speech(gat
     session.commit_audio()
     second = await asyncio.wait_for(session.generate_reply(), 5)
     await asyncio.wait_for(read_generation(second), 10)
-    assert context_kinds(gateway.engine.requests[-1]) == ["UserAudio", "AssistantText", "UserAudio"]
+    assert context_kinds(replies(gateway.engine)[-1]) == ["UserAudio", "AssistantText", "UserAudio"]
 
 
 @pytest.mark.parametrize("resume_after", ["created", "finished"])
@@ -102,7 +107,7 @@ async def test_speech_that_goes_on_cancels_the_reply_and_keeps_one_whole_turn(ga
     messages, _ = await asyncio.wait_for(read_generation(generation), 10)
     assert messages
 
-    _, final = gateway.engine.requests
+    _, final = replies(gateway.engine)
     assert context_kinds(final) == ["UserAudio"]  # the withdrawn turn and reply are gone
     assert abs(seconds_of(final.context[0]) - 1.3) < 0.03  # the whole utterance, pause included
     first_done = next(e for e in rec.received if e["type"] == "response.done")
@@ -118,7 +123,7 @@ async def test_speech_that_goes_on_cancels_the_reply_and_keeps_one_whole_turn(ga
     session.commit_audio()
     second = await asyncio.wait_for(session.generate_reply(), 5)
     await asyncio.wait_for(read_generation(second), 10)
-    assert context_kinds(gateway.engine.requests[-1]) == ["UserAudio", "AssistantText", "UserAudio"]
+    assert context_kinds(replies(gateway.engine)[-1]) == ["UserAudio", "AssistantText", "UserAudio"]
 
 
 async def test_a_reply_with_instructions_while_speculating_withdraws_the_speculation(gateway, open_session):
@@ -130,8 +135,8 @@ async def test_a_reply_with_instructions_while_speculating_withdraws_the_specula
     generation = await asyncio.wait_for(session.generate_reply(instructions="Say hello."), 5)
     await asyncio.wait_for(read_generation(generation), 10)
     assert session.speculative_reply_counts["discarded"] == 1
-    assert gateway.engine.requests[-1].instructions.endswith("Say hello.")
-    assert context_kinds(gateway.engine.requests[-1]) == []  # the user's turn is open again
+    assert replies(gateway.engine)[-1].instructions.endswith("Say hello.")
+    assert context_kinds(replies(gateway.engine)[-1]) == []  # the user's turn is open again
     errors = [e for e in rec.received if e["type"] == "error"
               and e["error"]["code"] != "response_cancel_not_active"]
     assert errors == []
@@ -156,5 +161,5 @@ async def test_no_speculation_without_audio_or_while_a_reply_runs(gateway, open_
     push(session, 0.5)
     assert not session.start_speculative_reply()  # the worker is still generating a reply
     await asyncio.wait_for(read_generation(reply), 10)
-    assert len(gateway.engine.requests) == 1
-    assert np.isclose(seconds_of(gateway.engine.requests[0].context[0]), 0.5, atol=0.02)
+    assert len(replies(gateway.engine)) == 1
+    assert np.isclose(seconds_of(replies(gateway.engine)[0].context[0]), 0.5, atol=0.02)

@@ -19,7 +19,7 @@ async def wait_final(transcripts: list[llm.InputTranscriptionCompleted], timeout
 
 
 async def test_transcripts_of_a_turn_arrive_interim_then_final(gateway, open_session):
-    session, rec = open_session()
+    session, rec = open_session(input_transcription=True)
     transcripts: list[llm.InputTranscriptionCompleted] = []
     session.on("input_audio_transcription_completed", transcripts.append)
     assert session.realtime_model.capabilities.user_transcription
@@ -45,7 +45,7 @@ async def test_without_transcription_nothing_is_asked_or_declared(gateway, open_
 
 
 async def test_a_speculative_turn_is_transcribed_once_confirmed_and_a_withdrawn_one_never(gateway, open_session):
-    session, rec = open_session()
+    session, rec = open_session(input_transcription=True)
     transcripts: list[llm.InputTranscriptionCompleted] = []
     session.on("input_audio_transcription_completed", transcripts.append)
     await connected(session, rec)
