@@ -1,5 +1,6 @@
 // The browser client: get a token from our server, join the LiveKit room, publish the
-// microphone, play the agent's voice, and show the live transcript.
+// microphone (with a level meter and mute), play the agent's voice, and show the conversation
+// (both sides, in order) and, per reply, how long endpointing and the model took.
 //
 // Everything the page knows is also kept in `window.omniAgent` (plain data), so the
 // e2e test and the devtools console can read it; <body data-state> mirrors the status.
@@ -17,6 +18,10 @@ const STATS_INTERVAL_MS = 250;
 const ui = {
   connect: document.getElementById('connect'),
   disconnect: document.getElementById('disconnect'),
+  mute: document.getElementById('mute'),
+  micLevel: document.getElementById('mic-level'),
+  micState: document.getElementById('mic-state'),
+  replies: document.querySelector('#replies tbody'),
   enableAudio: document.getElementById('enable-audio'),
   status: document.getElementById('status'),
   error: document.getElementById('error'),
@@ -47,7 +52,11 @@ const state = {
   agentIdentity: null,
   agentState: null,
   remoteAudio: new RemoteAudioStats().totals,
+  microphone: { enabled: false, muted: false, level: 0 },
   transcript: [],
+  // one per agent reply, from its `turn` event: {turn, voiceToVoiceMs, endpointingMs, modelMs,
+  // speculative, interrupted}; times null when the agent did not measure them
+  replies: [],
   agentEvents: [], // the latest KEPT_AGENT_EVENTS, oldest first
 };
 window.omniAgent = state;
@@ -64,6 +73,7 @@ const transcript = new Transcript((lines) => {
 
 ui.connect.addEventListener('click', () => connect());
 ui.disconnect.addEventListener('click', () => disconnect());
+ui.mute.addEventListener('click', () => toggleMute());
 ui.enableAudio.addEventListener('click', async () => {
   await room?.startAudio();
   ui.enableAudio.hidden = room ? room.canPlaybackAudio : true;
@@ -72,10 +82,7 @@ ui.enableAudio.addEventListener('click', async () => {
 async function connect() {
   showError(null);
   showWarning(null);
-  transcript.clear();
-  state.agentEvents = [];
-  ui.userState.textContent = '–';
-  ui.lastTurn.textContent = '–';
+  clearCall();
   setStatus('connecting');
   try {
     requireMicrophoneSupport();
@@ -108,7 +115,42 @@ async function connect() {
 
 async function disconnect() {
   await teardown();
+  clearCall();
   setStatus('disconnected');
+}
+
+// What the page knew about the call: gone when it ends, so the next call starts clean.
+function clearCall() {
+  transcript.clear();
+  state.agentEvents = [];
+  state.replies = [];
+  renderReplies();
+  state.microphone = { enabled: false, muted: false, level: 0 };
+  renderMicrophone();
+  ui.userState.textContent = '–';
+  ui.lastTurn.textContent = '–';
+}
+
+async function toggleMute() {
+  if (!room) return;
+  const muted = !state.microphone.muted;
+  try {
+    await room.localParticipant.setMicrophoneEnabled(!muted);
+  } catch (error) {
+    showError(`Could not ${muted ? 'mute' : 'unmute'} the microphone: ${error.message}`);
+    return;
+  }
+  state.microphone = { ...state.microphone, muted, level: muted ? 0 : state.microphone.level };
+  renderMicrophone();
+}
+
+function renderMicrophone() {
+  const { enabled, muted, level } = state.microphone;
+  ui.mute.disabled = !enabled;
+  ui.mute.textContent = muted ? 'Unmute' : 'Mute';
+  ui.mute.setAttribute('aria-pressed', String(muted));
+  ui.micState.textContent = !enabled ? 'off' : muted ? 'muted' : 'on';
+  ui.micLevel.value = muted ? 0 : level;
 }
 
 function requireMicrophoneSupport() {
@@ -196,6 +238,8 @@ function speakerOf(currentRoom, senderIdentity, attributes) {
 async function enableMicrophone() {
   try {
     await room.localParticipant.setMicrophoneEnabled(true);
+    state.microphone = { enabled: true, muted: false, level: 0 };
+    renderMicrophone();
   } catch (error) {
     const reasons = {
       [MediaDeviceFailure.PermissionDenied]:
@@ -238,10 +282,44 @@ function onAgentEvent(payload) {
   state.agentEvents = [...state.agentEvents, event].slice(-KEPT_AGENT_EVENTS);
   if (event.type === 'user_state') {
     ui.userState.textContent = event.state;
+  } else if (event.type === 'user_turn') {
+    transcript.markUserTurn();
   } else if (event.type === 'turn') {
-    const latency = event.voice_to_voice_s == null ? '' : `, ${Math.round(event.voice_to_voice_s * 1000)} ms after you stopped`;
-    ui.lastTurn.textContent = `#${event.turn}${latency}${event.interrupted ? ' (interrupted)' : ''}`;
+    const reply = {
+      turn: event.turn,
+      voiceToVoiceMs: ms(event.voice_to_voice_s),
+      endpointingMs: ms(event.endpointing_s),
+      modelMs: ms(event.model_first_audio_s),
+      speculative: Boolean(event.speculative),
+      interrupted: Boolean(event.interrupted),
+    };
+    state.replies = [...state.replies, reply];
+    renderReplies();
+    const latency = reply.voiceToVoiceMs == null ? '' : `, ${reply.voiceToVoiceMs} ms after you stopped`;
+    ui.lastTurn.textContent = `#${reply.turn}${latency}${reply.interrupted ? ' (interrupted)' : ''}`;
   }
+}
+
+function ms(seconds) {
+  return seconds == null ? null : Math.round(seconds * 1000);
+}
+
+function renderReplies() {
+  const cell = (value) => {
+    const td = document.createElement('td');
+    td.textContent = value;
+    return td;
+  };
+  const time = (value) => (value == null ? '–' : `${value} ms`);
+  ui.replies.replaceChildren(
+    ...state.replies.map((reply) => {
+      const row = document.createElement('tr');
+      const notes = [reply.speculative ? 'early' : '', reply.interrupted ? 'interrupted' : ''].filter(Boolean);
+      row.append(cell(`${reply.turn}`), cell(time(reply.voiceToVoiceMs)), cell(time(reply.endpointingMs)),
+        cell(time(reply.modelMs)), cell(notes.join(', ')));
+      return row;
+    }),
+  );
 }
 
 async function pollRemoteAudio() {
@@ -249,11 +327,25 @@ async function pollRemoteAudio() {
   if (!stats) return;
   try {
     await stats.poll();
+    await pollMicrophone();
   } catch (error) {
     console.warn('could not read WebRTC stats', error);
   }
   state.remoteAudio = stats.totals;
   ui.agentLevel.value = state.remoteAudio.audioLevel;
+}
+
+// The microphone's level as WebRTC sends it (the `media-source` stats of the local track).
+async function pollMicrophone() {
+  const track = room?.localParticipant.getTrackPublication(Track.Source.Microphone)?.track;
+  if (!track || state.microphone.muted) return;
+  const report = await track.getRTCStatsReport();
+  let level = 0;
+  for (const stat of report?.values() ?? []) {
+    if (stat.type === 'media-source' && stat.kind === 'audio') level = Math.max(level, stat.audioLevel ?? 0);
+  }
+  state.microphone = { ...state.microphone, level };
+  renderMicrophone();
 }
 
 async function teardown() {
@@ -265,6 +357,8 @@ async function teardown() {
   ui.enableAudio.hidden = true;
   await leaving?.disconnect();
   updateAgent();
+  state.microphone = { enabled: false, muted: false, level: 0 };
+  renderMicrophone();
 }
 
 function setStatus(status) {

@@ -6,6 +6,11 @@
 // the user's words as a NEW stream per update, each holding the whole text so far. Both
 // cases come out right if a segment shows the accumulated text of its most recent stream.
 // A stream whose closing attributes say `lk.transcription_final: "true"` ends the segment.
+//
+// Order: the user's words are transcribed after their turn is committed, so they often arrive
+// after the agent's reply to them has begun. The agent's `user_turn` event marks each commit
+// (`markUserTurn`); a user segment that appears after it goes before the agent segments that
+// began after that mark, i.e. before the reply it prompted.
 
 export const TRANSCRIPTION_TOPIC = 'lk.transcription';
 export const SEGMENT_ID_ATTRIBUTE = 'lk.segment_id';
@@ -16,16 +21,23 @@ export class Transcript {
   /** @param {(lines: Array<{id: string, speaker: string, text: string, final: boolean}>) => void} onChange */
   constructor(onChange) {
     this.onChange = onChange;
-    this.segments = new Map(); // insertion order = order of first appearance
+    this.segments = []; // in conversation order
+    this.lastUserTurnAt = -Infinity; // page clock (performance.now()) of the latest user turn
   }
 
   get lines() {
-    return [...this.segments.values()].map((segment) => ({ ...segment }));
+    return this.segments.map(({ id, speaker, text, final }) => ({ id, speaker, text, final }));
   }
 
   clear() {
-    this.segments.clear();
+    this.segments = [];
+    this.lastUserTurnAt = -Infinity;
     this.onChange(this.lines);
+  }
+
+  /** The agent committed a user turn (its `user_turn` event arrived). */
+  markUserTurn() {
+    this.lastUserTurnAt = performance.now();
   }
 
   /**
@@ -56,10 +68,16 @@ export class Transcript {
   }
 
   #segment(id, speaker) {
-    let segment = this.segments.get(id);
+    let segment = this.segments.find((s) => s.id === id);
     if (!segment) {
-      segment = { id, speaker, text: '', final: false };
-      this.segments.set(id, segment);
+      segment = { id, speaker, text: '', final: false, startedAt: performance.now() };
+      let at = this.segments.length;
+      if (speaker === 'user') {
+        // before the reply (agent segments begun since the turn was committed)
+        const reply = this.segments.findIndex((s) => s.speaker === 'agent' && s.startedAt >= this.lastUserTurnAt);
+        if (reply >= 0) at = reply;
+      }
+      this.segments.splice(at, 0, segment);
     }
     return segment;
   }
