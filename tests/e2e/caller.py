@@ -253,6 +253,13 @@ class Caller:
     def agent_transcripts(self) -> list[Transcript]:
         return [t for t in self.transcripts if t.identity == self.agent_identity]
 
+    def user_transcripts(self) -> list[Transcript]:
+        """The caller's own words as the agent transcribed them (sent on the caller's behalf)."""
+        me = self.room.local_participant
+        my_tracks = set(me.track_publications)
+        return [t for t in self.transcripts
+                if t.identity == me.identity or t.attributes.get("lk.transcribed_track_id") in my_tracks]
+
     async def aclose(self) -> None:
         await self.mic.aclose()
         if self.agent_audio:

@@ -2,7 +2,14 @@
 listens to the agent's audio track.
 
 What is checked, all through what a participant can see:
-- the agent is dispatched, joins, greets, and answers speech with audio and transcripts;
+- the agent is dispatched, joins, greets, and answers speech with audio and transcripts; the
+  reply was started at the VAD's end of speech, before the turn was confirmed (speculative);
+- the user's words arrive as the user's transcript (tiny-random's are gibberish: only that
+  they arrive, final, from the user's side, is checked);
+- a caller who pauses mid-sentence and goes on gets one reply to the whole sentence, and the
+  worker's conversation holds one user item for it (the speculative reply was discarded);
+- with espeak-ng's robotic voice (the hard case) the turn detector is unsure and the agent
+  still answers, after its longer endpointing delay;
 - the model's conversation keeps every turn (three turns);
 - a true barge-in stops the agent's audio while the caller is still talking, and the reply
   still being generated is cancelled on the worker;
@@ -27,6 +34,7 @@ from .conftest import LocalStack
 pytestmark = pytest.mark.e2e
 
 REPLY_TIMEOUT_S = 60.0  # two busy CPU cores, a cold job process: generous
+PAUSE_S = 0.7  # mid-sentence: over the VAD's 0.25 s silence, under the unsure detector's 2.5 s
 
 
 async def join_and_wait_for_greeting(stack: LocalStack, test_name: str) -> Caller:
@@ -54,6 +62,12 @@ async def test_agent_answers_speech_with_audio_and_transcripts(local_stack: Loca
               f"{(turn['voice_to_voice_s'] or 0) * 1000:.0f} ms to its audio output")
         assert first_audio > said.ended_at
         assert turn["interrupted"] is False
+        # the reply was started before the turn was confirmed, and used
+        assert turn["speculative"] is True, turn
+        used = caller.events_of("speculative_reply", after=said.ended_at)
+        assert [e["outcome"] for e in used][-1:] == ["used"], used
+        print(f"endpointing {turn['endpointing_s'] * 1000:.0f} ms, model first audio "
+              f"{turn['model_first_audio_s'] * 1000:.0f} ms")
 
         # The reply's transcript arrives on lk.transcription, from the agent.
         deadline = time.monotonic() + 10
@@ -62,6 +76,52 @@ async def test_agent_answers_speech_with_audio_and_transcripts(local_stack: Loca
             await asyncio.sleep(0.05)
         new = caller.agent_transcripts()[transcripts_before:]
         assert any(t.final and t.text.strip() for t in new), f"no final agent transcript: {new}"
+
+        # the user's words came back too, as the user's own transcript (lk.transcription,
+        # sent by the agent on behalf of the caller's identity)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not any(t.final for t in caller.user_transcripts()):
+            await asyncio.sleep(0.05)
+        assert any(t.final for t in caller.user_transcripts()), f"no final user transcript: {caller.transcripts}"
+    finally:
+        await caller.aclose()
+
+
+async def test_a_pause_mid_sentence_gets_one_reply_to_the_whole_sentence(local_stack: LocalStack) -> None:
+    caller = await join_and_wait_for_greeting(local_stack, "pause")
+    audio = caller.agent_audio
+    assert audio is not None
+    try:
+        greeting = await caller.wait_for_event("turn", after=0.0, timeout=REPLY_TIMEOUT_S)
+        first = await caller.mic.say(load_wav("e2e_pause_first.wav"))
+        await asyncio.sleep(PAUSE_S)  # long enough for the VAD to hear the end of speech
+        rest = await caller.mic.say(load_wav("e2e_pause_rest.wav"))
+        turn = await caller.wait_for_event("turn", after=rest.ended_at, timeout=REPLY_TIMEOUT_S)
+
+        # one turn, committed after the sentence was complete, and one reply
+        assert [e["at"] > rest.ended_at for e in caller.events_of("user_turn", after=first.started_at)] == [True]
+        assert not caller.events_of("turn", after=greeting["at"])[:-1], "the agent answered half a sentence"
+        # a reply was started at the pause and discarded when the caller went on
+        outcomes = [e["outcome"] for e in caller.events_of("speculative_reply", after=first.started_at)]
+        assert "discarded" in outcomes, outcomes
+        # the worker's conversation: the greeting, then ONE user item and the reply
+        assert turn["conversation_items"] == greeting["conversation_items"] + 2, (greeting, turn)
+    finally:
+        await caller.aclose()
+
+
+async def test_robotic_speech_is_answered_after_the_longer_endpointing_delay(local_stack: LocalStack) -> None:
+    """The hard case: the turn detector is unsure about espeak-ng's voice."""
+    caller = await join_and_wait_for_greeting(local_stack, "espeak")
+    audio = caller.agent_audio
+    assert audio is not None
+    try:
+        said = await caller.mic.say(load_wav("e2e_espeak_q1_time.wav"))
+        first_audio = await audio.first_voice_after(said.ended_at, timeout=REPLY_TIMEOUT_S)
+        turn = await caller.wait_for_event("turn", after=said.ended_at, timeout=REPLY_TIMEOUT_S)
+        print(f"\nespeak-ng: voice-to-voice {(first_audio - said.ended_at) * 1000:.0f} ms, endpointing "
+              f"{(turn['endpointing_s'] or 0) * 1000:.0f} ms, speculative={turn['speculative']}")
+        assert turn["interrupted"] is False
     finally:
         await caller.aclose()
 

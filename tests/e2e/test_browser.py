@@ -143,6 +143,25 @@ async def test_browser_user_talks_with_the_agent_and_hears_it(browser, web_page_
         30,
         "the agent's words in the transcript",
     )
+    # The user's words (transcribed by the worker) are in the conversation too, before the
+    # agent's answer to them; each reply shows how long endpointing and the model took.
+    await page.wait_for(
+        "window.omniAgent.transcript.some(line => line.speaker === 'user' && line.final)",
+        AGENT_REPLY_TIMEOUT_S,
+        "the user's words in the transcript",
+    )
+    await page.wait_for(
+        "window.omniAgent.replies.some(r => r.endpointingMs !== null && r.modelMs !== null)",
+        AGENT_REPLY_TIMEOUT_S,
+        "a reply with its endpointing and model times",
+    )
+    # The microphone's level is shown while it plays the fake speech, and mute works.
+    await page.wait_for("window.omniAgent.microphone.level > 0", 30, "the microphone level")
+    await click(browser, "mute")
+    await page.wait_for("window.omniAgent.microphone.muted === true", 10, "muted")
+    assert await browser.evaluate("document.getElementById('mic-state').textContent") == "muted"
+    await click(browser, "mute")
+    await page.wait_for("window.omniAgent.microphone.muted === false", 10, "unmuted")
     await browser.screenshot(tmp_path / "talking.png")
 
     state = await page.state()
@@ -153,10 +172,19 @@ async def test_browser_user_talks_with_the_agent_and_hears_it(browser, web_page_
     )
     for line in agent_lines(state):
         assert line["text"].strip() in rendered, "a transcript line is in the state but not on the screen"
+    speakers = [line["speaker"] for line in state["transcript"]]
+    # the greeting, then our turn, then its answer
+    assert speakers[0] == "agent" and "user" in speakers and speakers.index("user") < len(speakers) - 1, speakers
+    rows = await browser.evaluate("document.querySelectorAll('#replies tbody tr').length")
+    assert rows == len(state["replies"]) >= 2
 
     await click(browser, "disconnect")
     await page.wait_for("window.omniAgent.status === 'disconnected'", 30, "disconnected")
     assert await browser.evaluate("document.getElementById('connect').disabled") is False
+    # the call's state went with it
+    after = await page.state()
+    assert (after["transcript"], after["replies"], after["agentEvents"]) == ([], [], [])
+    assert await browser.evaluate("document.querySelectorAll('#transcript li').length") == 0
 
 
 async def test_browser_shows_a_clear_error_when_livekit_is_unreachable(browser, tmp_path):
