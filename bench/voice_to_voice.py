@@ -1,15 +1,20 @@
 """Voice-to-voice latency and barge-in stop latency through a real LiveKit room.
 
 A caller (livekit rtc SDK, tests/e2e/caller.py) calls the agent (a new room every
---rounds-per-call rounds: the model's time to first audio grows with the conversation). Each
-round:
+--rounds-per-call rounds: the model's time to first audio grows with the conversation),
+speaking festival's natural voice (tests/data, scripts/make-test-speech.sh). Each round is two
+turns:
 
   1. it says a sentence and waits for the agent's voice:
        voice-to-voice = first agent audio frame at the caller − last caller sample sent
-     split at the agent's end-of-turn decision (its `user_turn` event) into
-       end of turn    = decision − last caller sample (VAD silence + turn detector's wait)
-       reply          = first agent audio at the caller − decision, of which the model's own
-                        time to first audio is reported by the agent; the rest is pipeline
+     and the two things it waited for, both from the end of speech:
+       endpointing    = the agent's end-of-turn decision (its `user_turn` event): VAD silence
+                        + the turn detector's wait
+       model ready    = when the reply started (at the VAD's end of speech for a speculative
+                        reply, its `speculative_reply` event; at the decision otherwise) + the
+                        model's time to first audio (reported by the agent)
+     voice-to-voice ≈ max(endpointing, model ready) + the rest (agent, provider, LiveKit,
+     WebRTC, jitter buffer), which is reported too;
   2. 0.4 s into the agent's reply it barges in ("Stop, please."):
        stop latency   = last agent audio frame at the caller − the agent's decision to stop
                         (its `agent_state` speaking → listening event; agent/room_events.py)
@@ -51,41 +56,62 @@ QUESTIONS = ["e2e_q1_time.wav", "e2e_q2_weather.wav", "e2e_q3_recall.wav", "e2e_
 BARGE_IN = "e2e_stop.wav"
 BARGE_IN_AFTER_S = 0.4  # into the agent's reply
 REPLY_TIMEOUT_S = 90.0
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclass
+class Turn:
+    voice_to_voice: float  # end of the caller's speech → first agent audio at the caller
+    endpointing: float  # end of speech → the agent's end-of-turn decision
+    speculative: bool  # the reply was started at the VAD's end of speech
+    reply_started: float  # end of speech → the reply's start on the worker
+    model_first_audio: float | None  # the worker's time to first audio for that reply
+
+    @property
+    def model_ready(self) -> float | None:
+        return None if self.model_first_audio is None else self.reply_started + self.model_first_audio
+
+    @property
+    def rest(self) -> float | None:
+        ready = self.model_ready
+        return None if ready is None else self.voice_to_voice - max(self.endpointing, ready)
 
 
 @dataclass
 class Samples:
-    voice_to_voice: list[float] = field(default_factory=list)
-    end_of_turn: list[float] = field(default_factory=list)
-    reply: list[float] = field(default_factory=list)
-    model_first_audio: list[float] = field(default_factory=list)
-    pipeline: list[float] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
     stop_after_decision: list[float] = field(default_factory=list)
     stop_after_speech_start: list[float] = field(default_factory=list)
     decision_after_speech_start: list[float] = field(default_factory=list)
     silent_at_decision: int = 0  # rounds where the agent's audio had a gap when it decided
     cancelled_on_worker: int = 0
+    speculative: dict[str, int] = field(default_factory=lambda: {"started": 0, "used": 0, "discarded": 0})
 
 
-async def reply_started(caller: Caller, speech_ended: float, samples: Samples) -> tuple[float, float]:
-    """Wait for the agent's answer to speech that ended at `speech_ended`; record its latencies.
-    Returns (first audio at the caller, the agent's end-of-turn decision)."""
+async def reply_started(caller: Caller, speech_ended: float) -> tuple[float, dict]:
+    """Wait for the agent's answer to speech that ended at `speech_ended`.
+    Returns (first audio at the caller, the agent's end-of-turn decision event)."""
     assert caller.agent_audio is not None
     voice = await caller.agent_audio.first_voice_after(speech_ended, timeout=REPLY_TIMEOUT_S)
     decided = await caller.wait_for_event("user_turn", after=speech_ended, timeout=10)
-    samples.voice_to_voice.append(voice - speech_ended)
-    samples.end_of_turn.append(decided["at"] - speech_ended)
-    samples.reply.append(voice - decided["at"])
-    return voice, decided["at"]
+    return voice, decided
 
 
-def record_model_time(caller: Caller, voice: float, decided: float, samples: Samples) -> None:
-    """Split decision → first audio into the model's share and the rest, once the worker has
-    reported on the response (`response_done` arrives when it is complete or cancelled)."""
-    done = caller.events_of("response_done", after=decided)
-    if done and done[0]["model_first_audio_s"] is not None:
-        samples.model_first_audio.append(done[0]["model_first_audio_s"])
-        samples.pipeline.append(voice - decided - done[0]["model_first_audio_s"])
+def record_turn(caller: Caller, speech_ended: float, voice: float, decided: dict, turn_event: dict,
+                samples: Samples) -> None:
+    speculative = bool(turn_event.get("speculative"))
+    started_at = decided["at"]
+    if speculative:  # the last speculation started before the decision is the one used
+        starts = [e["at"] for e in caller.events_of("speculative_reply", after=speech_ended - 5)
+                  if e["outcome"] == "started" and e["at"] <= decided["at"]]
+        started_at = starts[-1] if starts else started_at
+    samples.turns.append(Turn(
+        voice_to_voice=voice - speech_ended,
+        endpointing=decided["at"] - speech_ended,
+        speculative=speculative,
+        reply_started=started_at - speech_ended,
+        model_first_audio=turn_event.get("model_first_audio_s"),
+    ))
 
 
 async def one_round(caller: Caller, question: str, samples: Samples) -> None:
@@ -93,7 +119,7 @@ async def one_round(caller: Caller, question: str, samples: Samples) -> None:
     assert audio is not None
 
     said = await caller.mic.say(load_wav(question))
-    agent_voice, question_decided = await reply_started(caller, said.ended_at, samples)
+    agent_voice, question_decided = await reply_started(caller, said.ended_at)
 
     await asyncio.sleep(BARGE_IN_AFTER_S)
     barge_in = asyncio.create_task(caller.mic.say(load_wav(BARGE_IN)))
@@ -107,14 +133,16 @@ async def one_round(caller: Caller, question: str, samples: Samples) -> None:
     samples.stop_after_speech_start.append(stopped - spoken.started_at)
     samples.decision_after_speech_start.append(decided["at"] - spoken.started_at)
 
-    answer_voice, answer_decided = await reply_started(caller, spoken.ended_at, samples)
+    answer_voice, answer_decided = await reply_started(caller, spoken.ended_at)
     await caller.wait_for_event("turn", after=spoken.ended_at, timeout=REPLY_TIMEOUT_S)  # played out
     await audio.quiet_after(time.time(), quiet_s=0.5, timeout=REPLY_TIMEOUT_S)
 
-    record_model_time(caller, agent_voice, question_decided, samples)
-    record_model_time(caller, answer_voice, answer_decided, samples)
-    cut = caller.events_of("response_done", after=question_decided)[0]
-    if cut["cancelled"]:
+    # one `turn` event per reply, sent when it is over: the cut one, then the answer
+    question_turn, answer_turn = caller.events_of("turn", after=said.ended_at)[:2]
+    record_turn(caller, said.ended_at, agent_voice, question_decided, question_turn, samples)
+    record_turn(caller, spoken.ended_at, answer_voice, answer_decided, answer_turn, samples)
+    cut = caller.events_of("response_done", after=question_decided["at"] - 5)
+    if any(e["cancelled"] for e in cut[:1]):
         samples.cancelled_on_worker += 1
 
 
@@ -128,10 +156,15 @@ async def one_call(livekit_url: str, rounds: int, first: int, total: int, sample
         for i in range(first, first + rounds):
             started = time.monotonic()
             await one_round(caller, QUESTIONS[i % len(QUESTIONS)], samples)
-            print(f"round {i + 1}/{total}: voice-to-voice {samples.voice_to_voice[-2] * 1000:.0f} / "
-                  f"{samples.voice_to_voice[-1] * 1000:.0f} ms, stop after decision "
-                  f"{samples.stop_after_decision[-1] * 1000:.0f} ms ({time.monotonic() - started:.0f} s)",
-                  flush=True)
+            a, b = samples.turns[-2:]
+            print(f"round {i + 1}/{total}: voice-to-voice {a.voice_to_voice * 1000:.0f} / "
+                  f"{b.voice_to_voice * 1000:.0f} ms (endpointing {a.endpointing * 1000:.0f} / "
+                  f"{b.endpointing * 1000:.0f} ms, speculative {a.speculative} / {b.speculative}), "
+                  f"stop after decision {samples.stop_after_decision[-1] * 1000:.0f} ms "
+                  f"({time.monotonic() - started:.0f} s)", flush=True)
+        outcomes = [e["outcome"] for e in caller.events_of("speculative_reply")]
+        for outcome in samples.speculative:
+            samples.speculative[outcome] += outcomes.count(outcome)
     finally:
         await caller.aclose()
 
@@ -157,54 +190,74 @@ def machine() -> str:
     return f"{platform.node()}: {cpu}, {os.cpu_count()} cores, {system}; load average {load}"
 
 
-def report(samples: Samples, args: argparse.Namespace) -> None:
-    def row(name: str, values: list[float]) -> str:
+def report(samples: Samples, args: argparse.Namespace) -> str:
+    def row(name: str, values: list[float | None]) -> str:
+        values = [v for v in values if v is not None]
         if not values:
-            return f"  {name:<58} n/a"
+            return f"  {name:<62} n/a"
         ms = np.asarray(values) * 1000
-        return (f"  {name:<58} p50 {np.percentile(ms, 50):7.0f} ms   p95 {np.percentile(ms, 95):7.0f} ms"
+        return (f"  {name:<62} p50 {np.percentile(ms, 50):7.0f} ms   p95 {np.percentile(ms, 95):7.0f} ms"
                 f"   (n={len(ms)}, min {ms.min():.0f}, max {ms.max():.0f})")
 
-    print()
-    print(f"voice-to-voice through LiveKit, {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}")
-    print(f"machine: {machine()}")
-    print(f"model: {args.model} ({args.engine}); {args.rounds} rounds, a new call every {args.rounds_per_call}; "
-          f"barge-in {BARGE_IN_AFTER_S} s into each reply")
-    print(row("voice-to-voice at the caller (end of speech → first audio)", samples.voice_to_voice))
-    print(row("  end of turn decided (VAD silence + turn detector)", samples.end_of_turn))
-    print(row("  decision → first agent audio at the caller", samples.reply))
-    print(row("    model's time to first audio (worker)", samples.model_first_audio))
-    print(row("    the rest: agent, provider, LiveKit, WebRTC", samples.pipeline))
-    print(row("barge-in: audio stops at the caller after the agent decides", samples.stop_after_decision))
-    print(row("barge-in: audio stops at the caller after the caller starts", samples.stop_after_speech_start))
-    print(row("barge-in: agent decides after the caller starts", samples.decision_after_speech_start))
-    print(f"  rounds where the agent's audio already had a gap when it decided: {samples.silent_at_decision} "
-          f"(a negative stop latency: generation slower than real time)")
-    print(f"  replies cancelled on the worker by the barge-in: {samples.cancelled_on_worker}/{args.rounds} "
-          f"(the others had finished generating and were truncated)")
+    turns = samples.turns
+    speculative = [t for t in turns if t.speculative]
+    model_bound = sum(1 for t in turns if t.model_ready is not None and t.model_ready > t.endpointing)
+    lines = [
+        f"voice-to-voice through LiveKit, {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
+        f"machine: {machine()}",
+        f"model: {args.model} ({args.engine}); {args.rounds} rounds ({len(turns)} turns), a new call every "
+        f"{args.rounds_per_call}; barge-in {BARGE_IN_AFTER_S} s into each reply; festival's natural voice",
+        row("voice-to-voice at the caller (end of speech → first audio)", [t.voice_to_voice for t in turns]),
+        row("  endpointing: end of speech → end-of-turn decision", [t.endpointing for t in turns]),
+        row("  reply started after the end of speech", [t.reply_started for t in turns]),
+        row("  model's time to first audio (worker)", [t.model_first_audio for t in turns]),
+        row("  model ready: reply start + model's first audio", [t.model_ready for t in turns]),
+        row("  the rest: after max(endpointing, model ready)", [t.rest for t in turns]),
+        f"  turns answered by a speculative reply: {len(speculative)}/{len(turns)}; the model was the "
+        f"later of the two in {model_bound}/{len(turns)} turns",
+        f"  speculative replies: {samples.speculative['started']} started, {samples.speculative['used']} used, "
+        f"{samples.speculative['discarded']} discarded",
+        row("barge-in: audio stops at the caller after the agent decides", samples.stop_after_decision),
+        row("barge-in: audio stops at the caller after the caller starts", samples.stop_after_speech_start),
+        row("barge-in: agent decides after the caller starts", samples.decision_after_speech_start),
+        f"  rounds where the agent's audio already had a gap when it decided: {samples.silent_at_decision} "
+        f"(a negative stop latency: generation slower than real time)",
+        f"  replies cancelled on the worker by the barge-in: {samples.cancelled_on_worker}/{args.rounds} "
+        f"(the others had finished generating and were truncated)",
+    ]
+    text = "\n".join(lines)
+    print("\n" + text)
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine(), "args": vars(args), **asdict(samples)}, indent=1))
+        raw = {"machine": machine(), "args": vars(args), "turns": [asdict(t) for t in turns],
+               **{k: v for k, v in asdict(samples).items() if k != "turns"}}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(raw, indent=1))
+    return text
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rounds", type=int, default=20, help="each round: a question, then a barge-in")
+    p.add_argument("--rounds", type=int, default=15, help="each round: a question, then a barge-in (two turns)")
     p.add_argument("--rounds-per-call", type=int, default=5, help="rounds in one room before a new call")
     p.add_argument("--livekit-url", help="use this running stack instead of starting one")
     p.add_argument("--model", default="tiny-random")
     p.add_argument("--engine", default="reference")
-    p.add_argument("--json", help="also write the raw samples here")
+    p.add_argument("--agent-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="a setting for the agent this starts, e.g. AGENT_SPECULATIVE_REPLIES=false")
+    p.add_argument("--json", help="also write the raw samples here (e.g. bench/results/voice_to_voice.json)")
     args = p.parse_args()
 
     if args.livekit_url:
         samples = asyncio.run(run_rounds(args.livekit_url, args.rounds, args.rounds_per_call))
     else:
         log_dir = Path(tempfile.mkdtemp(prefix="bench-v2v-"))
+        agent_env = dict(item.split("=", 1) for item in args.agent_env)
         with Stack(echo=None, log_dir=log_dir, say=lambda m: print(f"[stack] {m}", flush=True)) as stack:
             stack.start(livekit_server(17885, 17886, 17887))
             extra = TINY_RANDOM_REPLY if args.model == "tiny-random" else ()
             stack.start(omni_worker(18330, model=args.model, engine=args.engine, extra_args=extra))
-            stack.start(voice_agent(livekit_url="ws://127.0.0.1:17885", omni_url="ws://127.0.0.1:18330/v1/realtime"))
+            stack.start(voice_agent(livekit_url="ws://127.0.0.1:17885", omni_url="ws://127.0.0.1:18330/v1/realtime",
+                                    env=agent_env))
             samples = asyncio.run(run_rounds("ws://127.0.0.1:17885", args.rounds, args.rounds_per_call))
         print(f"[stack] logs in {log_dir}")
     report(samples, args)

@@ -256,7 +256,13 @@ def voice_agent(*, livekit_url: str, omni_url: str, omni_api_key: str | None = N
     """`connect_log`: run it under strace and log every connect() of the agent and its job
     processes there (the end-to-end tests check that nothing reaches outside this machine)."""
     agent_env = {"LIVEKIT_URL": livekit_url, "LIVEKIT_API_KEY": DEV_API_KEY,
-                 "LIVEKIT_API_SECRET": DEV_API_SECRET, "OMNI_URL": omni_url, **(env or {})}
+                 "LIVEKIT_API_SECRET": DEV_API_SECRET, "OMNI_URL": omni_url,
+                 # this checkout's agent and plugin in the job processes too: they import the
+                 # plugin before agent.py can put provider/ on the path, and would otherwise get
+                 # whichever checkout the venv has installed
+                 "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "provider"),
+                                                os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+                 **(env or {})}
     if omni_api_key:
         agent_env["OMNI_API_KEY"] = omni_api_key
     trace = []
