@@ -6,8 +6,12 @@ from __future__ import annotations
 class IncrementalDecoder:
     """Decodes only a short window of recent tokens per step (not the whole reply).
 
-    A byte-level BPE token can hold part of a multi-byte character; while the decoded window
-    ends in U+FFFD the piece is held back until the character completes.
+    A byte-level BPE token can hold part of a multi-byte character (an emoji is often two or
+    three tokens). The tokenizer decodes an incomplete sequence at the end as U+FFFD, so while
+    the decoded window ends in U+FFFD its piece is held back until the character completes;
+    a character still incomplete when the reply ends (cut by the token limit or a cancel) is
+    dropped rather than sent as U+FFFD. Bytes that can never form a character (only a broken
+    model produces them) still decode to U+FFFD where they are.
     """
 
     def __init__(self, tokenizer) -> None:
@@ -26,11 +30,11 @@ class IncrementalDecoder:
         return ""
 
     def flush(self) -> str:
-        """Whatever is still held back (possibly with replacement characters)."""
+        """What is still held back, less a character that never completed."""
         prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
         text = self._decode(self.ids[self.prefix_offset:])
         self.prefix_offset = self.read_offset = len(self.ids)
-        return text[len(prefix):]
+        return text[len(prefix):].rstrip("\ufffd")
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True,
