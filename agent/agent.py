@@ -103,7 +103,7 @@ async def entrypoint(ctx: JobContext) -> None:
     config = settings()
     vad = SpeechLengthVAD(ctx.proc.userdata["vad"])
     session = build_session(config, vad)
-    events = RoomEvents(session, ctx.room)
+    events = RoomEvents(session, ctx.room, vad)
     events.attach()
     BargeInGate(session, vad, min_speech_s=config.min_barge_in_s, on_ignored=events.sound_ignored).attach()
     # The VAD's end of speech starts the reply; the turn detector's decision plays it.

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,12 +31,14 @@ log = logging.getLogger("omni-agent.barge-in")
 
 
 class SpeechLengthVAD(vad.VAD):
-    """Another VAD, unchanged, that also remembers how long the last stretch of speech was."""
+    """Another VAD, unchanged, that also remembers how long the last stretch of speech was, and
+    when it ended."""
 
     def __init__(self, inner: vad.VAD) -> None:
         super().__init__(capabilities=inner.capabilities)
         self._inner = inner
         self.last_speech_s: float | None = None
+        self.last_speech_ended_at: float | None = None  # wall clock of the last end of speech
 
     @property
     def model(self) -> str:
@@ -61,6 +64,8 @@ class _SpeechLengthStream(vad.VADStream):
             async for event in self._inner:
                 if event.type == vad.VADEventType.END_OF_SPEECH:
                     self._owner.last_speech_s = event.speech_duration
+                    # reported after its silence (and the inference time): speech ended before
+                    self._owner.last_speech_ended_at = time.time() - event.silence_duration - event.inference_duration
                 self._event_ch.send_nowait(event)
         finally:
             forward.cancel()

@@ -8,8 +8,9 @@ object with `type` and `at` (the agent's wall clock, seconds since the epoch):
 - `agent_state` {state, old_state}: listening / thinking / speaking. speaking → listening while
   the user talks is the moment the agent decided to stop talking (pause or barge-in).
 - `user_state` {state, old_state}: the agent's VAD view of the user.
-- `user_turn` {}: the agent decided the user's turn is over (VAD silence, then the turn
-  detector's endpointing delay) and asks the model for a reply.
+- `user_turn` {endpointing_s}: the agent decided the user's turn is over (VAD silence, then the
+  turn detector's endpointing delay) and asks the model for a reply; endpointing_s is the time
+  from the end of the user's speech (as the VAD measured it) to this decision.
 - `turn` {turn, voice_to_voice_s, endpointing_s, model_first_audio_s, speculative, interrupted,
   conversation_items}: once per agent reply, when it is over (played out, or cut).
   voice_to_voice_s runs from the end of the user's speech to the reply's first audio frame
@@ -46,11 +47,11 @@ from livekit.agents import (
     UserStateChangedEvent,
     llm,
 )
-from livekit.agents.metrics import EOUMetrics, RealtimeModelMetrics
+from livekit.agents.metrics import RealtimeModelMetrics
 from livekit.agents.voice import SpeechHandle
 from livekit.plugins import omni
 
-from .barge_in import IgnoredSound
+from .barge_in import IgnoredSound, SpeechLengthVAD
 
 TOPIC = "omni.agent.events"
 
@@ -58,12 +59,14 @@ log = logging.getLogger("omni-agent.turns")
 
 
 class RoomEvents:
-    def __init__(self, session: AgentSession, room: rtc.Room) -> None:
+    def __init__(self, session: AgentSession, room: rtc.Room, speech_vad: SpeechLengthVAD | None = None) -> None:
         self._session = session
         self._room = room
+        self._vad = speech_vad
+        self._turn_endpointing: float | None = None  # of the user turn just committed
         self._turns = 0
         self._model_first_audio: dict[str, float] = {}  # response id → seconds
-        self._endpointing: dict[str, float] = {}  # speech id → end of speech to turn decision, s
+        self._endpointing: dict[str, float] = {}  # reply speech id → its turn's endpointing, s
         self._watched_sessions: set[int] = set()  # realtime sessions whose speculation we report
         self._sending: set[asyncio.Task[None]] = set()
 
@@ -81,7 +84,10 @@ class RoomEvents:
         self.publish("sound_ignored", speech_s=round(sound.speech_s, 3))
 
     def user_turn(self) -> None:
-        self.publish("user_turn")
+        """The user's turn was committed (called from Agent.on_user_turn_completed)."""
+        ended = self._vad.last_speech_ended_at if self._vad is not None else None
+        self._turn_endpointing = time.time() - ended if ended is not None else None
+        self.publish("user_turn", endpointing_s=self._turn_endpointing)
 
     async def aclose(self) -> None:
         if self._sending:
@@ -98,9 +104,6 @@ class RoomEvents:
 
     def _on_metrics(self, ev: MetricsCollectedEvent) -> None:
         m = ev.metrics
-        if isinstance(m, EOUMetrics) and m.speech_id:
-            self._endpointing[m.speech_id] = m.end_of_utterance_delay
-            return
         if not isinstance(m, RealtimeModelMetrics):
             return
         first_audio = m.ttft if m.ttft >= 0 else None
@@ -110,6 +113,10 @@ class RoomEvents:
                      model_first_audio_s=first_audio)
 
     def _on_speech_created(self, ev: SpeechCreatedEvent) -> None:
+        if not ev.user_initiated and self._turn_endpointing is not None:
+            # the framework's reply to the turn just committed
+            self._endpointing[ev.speech_handle.id] = self._turn_endpointing
+            self._turn_endpointing = None
         ev.speech_handle.add_done_callback(self._on_reply_over)
 
     def _on_reply_over(self, reply: SpeechHandle) -> None:
