@@ -113,8 +113,8 @@ class RoomEvents:
                      model_first_audio_s=first_audio)
 
     def _on_speech_created(self, ev: SpeechCreatedEvent) -> None:
-        if not ev.user_initiated and self._turn_endpointing is not None:
-            # the framework's reply to the turn just committed
+        if ev.speech_handle.input_details.modality == "audio" and self._turn_endpointing is not None:
+            # the framework's reply to the spoken turn just committed (created right after it)
             self._endpointing[ev.speech_handle.id] = self._turn_endpointing
             self._turn_endpointing = None
         ev.speech_handle.add_done_callback(self._on_reply_over)

@@ -10,8 +10,9 @@ class IncrementalDecoder:
     three tokens). The tokenizer decodes an incomplete sequence at the end as U+FFFD, so while
     the decoded window ends in U+FFFD its piece is held back until the character completes;
     a character still incomplete when the reply ends (cut by the token limit or a cancel) is
-    dropped rather than sent as U+FFFD. Bytes that can never form a character (only a broken
-    model produces them) still decode to U+FFFD where they are.
+    dropped rather than sent as U+FFFD. Bytes that can never form a character (a lead byte
+    followed by no continuation: only a broken or random model, e.g. tiny-random, produces
+    them) are dropped too, so a transcript never shows U+FFFD.
     """
 
     def __init__(self, tokenizer) -> None:
@@ -26,7 +27,7 @@ class IncrementalDecoder:
         text = self._decode(self.ids[self.prefix_offset:])
         if len(text) > len(prefix) and not text.endswith("\ufffd"):
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-            return text[len(prefix):]
+            return text[len(prefix):].replace("\ufffd", "")
         return ""
 
     def flush(self) -> str:
@@ -34,7 +35,7 @@ class IncrementalDecoder:
         prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
         text = self._decode(self.ids[self.prefix_offset:])
         self.prefix_offset = self.read_offset = len(self.ids)
-        return text[len(prefix):].rstrip("\ufffd")
+        return text[len(prefix):].replace("\ufffd", "")
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True,

@@ -59,3 +59,9 @@ def test_a_character_cut_off_at_the_end_is_dropped() -> None:
     data = "fin 👋".encode()
     pieces = stream([data[:4], data[4:6]])  # the reply ends two bytes into the emoji
     assert "".join(pieces) == "fin "
+
+
+def test_bytes_that_can_never_form_a_character_are_dropped() -> None:
+    # a lead byte, then plain ASCII: what a random model (tiny-random) emits now and then
+    pieces = stream([b"ain", b"\xe4", b"en ", "東".encode()])
+    assert "".join(pieces) == "ainen 東"
