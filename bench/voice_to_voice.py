@@ -134,10 +134,11 @@ async def one_round(caller: Caller, question: str, samples: Samples) -> None:
     samples.decision_after_speech_start.append(decided["at"] - spoken.started_at)
 
     answer_voice, answer_decided = await reply_started(caller, spoken.ended_at)
-    await caller.wait_for_event("turn", after=spoken.ended_at, timeout=REPLY_TIMEOUT_S)  # played out
-    await audio.quiet_after(time.time(), quiet_s=0.5, timeout=REPLY_TIMEOUT_S)
-
     # one `turn` event per reply, sent when it is over: the cut one, then the answer
+    deadline = time.monotonic() + REPLY_TIMEOUT_S
+    while len(caller.events_of("turn", after=said.ended_at)) < 2 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    await audio.quiet_after(time.time(), quiet_s=0.5, timeout=REPLY_TIMEOUT_S)
     question_turn, answer_turn = caller.events_of("turn", after=said.ended_at)[:2]
     record_turn(caller, said.ended_at, agent_voice, question_decided, question_turn, samples)
     record_turn(caller, spoken.ended_at, answer_voice, answer_decided, answer_turn, samples)

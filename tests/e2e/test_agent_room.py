@@ -116,7 +116,7 @@ async def test_robotic_speech_is_answered_after_the_longer_endpointing_delay(loc
     audio = caller.agent_audio
     assert audio is not None
     try:
-        said = await caller.mic.say(load_wav("e2e_espeak_q1_time.wav"))
+        said = await caller.mic.say(load_wav("e2e_espeak_weather.wav"))
         first_audio = await audio.first_voice_after(said.ended_at, timeout=REPLY_TIMEOUT_S)
         turn = await caller.wait_for_event("turn", after=said.ended_at, timeout=REPLY_TIMEOUT_S)
         print(f"\nespeak-ng: voice-to-voice {(first_audio - said.ended_at) * 1000:.0f} ms, endpointing "

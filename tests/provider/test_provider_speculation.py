@@ -163,3 +163,29 @@ async def test_no_speculation_without_audio_or_while_a_reply_runs(gateway, open_
     await asyncio.wait_for(read_generation(reply), 10)
     assert len(replies(gateway.engine)) == 1
     assert np.isclose(seconds_of(replies(gateway.engine)[0].context[0]), 0.5, atol=0.02)
+
+
+async def test_a_new_speculation_may_start_while_the_withdrawn_one_winds_down(gateway, open_session):
+    session, rec = open_session()
+    await connected(session, rec)
+    push(session, 0.5)
+    assert session.start_speculative_reply()
+    await rec.wait_received("response.created")
+    session.cancel_speculative_reply()  # a pause mid-sentence...
+    push(session, 0.5)
+    # ...and the sentence ends before the worker has confirmed the cancel
+    assert session.start_speculative_reply()
+    session.commit_audio()
+    generation = await asyncio.wait_for(session.generate_reply(), 5)
+    messages, _ = await asyncio.wait_for(read_generation(generation), 10)
+    assert messages
+    assert session.speculative_reply_counts == {"started": 2, "used": 1, "discarded": 1}
+    _, used = replies(gateway.engine)
+    assert context_kinds(used) == ["UserAudio"] and abs(seconds_of(used.context[0]) - 1.0) < 0.03
+
+    push(session, 0.5)
+    session.commit_audio()
+    second = await asyncio.wait_for(session.generate_reply(), 5)
+    await asyncio.wait_for(read_generation(second), 10)
+    assert context_kinds(replies(gateway.engine)[-1]) == ["UserAudio", "AssistantText", "UserAudio"]
+    assert len(session.chat_ctx.items) == 4

@@ -331,7 +331,8 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         while reconnecting, or with under 100 ms of new audio."""
         if not self._opts.speculative_replies or self._ws is None or self._outbox.closed:
             return False
-        if self._speculation.current is not None or self._replies.generation is not None or self._replies.waiting:
+        # a discarded reply still winding down does not count: its cancel is on the socket first
+        if self._speculation.current is not None or self._replies.busy() or self._replies.waiting:
             return False
         for chunk in self._input.flush():
             self._send_input(chunk)
@@ -690,8 +691,13 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             # its reply is gone with the worker; the audio it committed stays the user's turn
             self._release_user_turn(spec)
             self.emit("omni_speculative_reply", self._speculation.count("discarded"))
-        if (generation := self._replies.reset(reason)) is not None:
-            if not self._closing:
+        for generation in self._replies.reset(reason):
+            if generation.discarded:
+                # nobody heard it and the lost worker cannot delete it: keep it out of the replay
+                for item_id in generation.output_item_ids:
+                    with contextlib.suppress(ValueError):
+                        self._remote.delete(item_id)
+            elif not self._closing:
                 logger.warning("the reply in progress ended early: %s", reason)
             self._finish_generation(generation)
         self._updates.reset()
@@ -786,8 +792,8 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         item = event["item"]
         item_id = item["id"]
         op = self._item_ops.take("create", item_id)
-        generation = self._replies.generation
-        if generation is not None and generation.discarded and item_id in generation.output_item_ids:
+        if any(g.discarded and item_id in g.output_item_ids
+               for g in (self._replies.generation, *self._replies.winding_down.values()) if g is not None):
             return  # deleted again when its response is done
         if self._remote.get(item_id) is None:
             if op is not None and op.chat_item is not None:
@@ -859,8 +865,13 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
     # ------------------------------------------------------------------ responses
 
     def _on_response_created(self, event: dict[str, Any]) -> None:
-        if self._replies.generation is not None:  # the worker runs one response at a time; never hang one
-            self._finish_generation(self._replies.generation)
+        if (previous := self._replies.generation) is not None:
+            if previous.discarded and not previous.closed:
+                # cancelled, its response.done still to come: keep it to delete its items then
+                self._replies.winding_down[previous.response_id] = previous
+                self._replies.generation = None
+            else:  # the worker runs one response at a time; never hang one
+                self._finish_generation(previous)
         response = event["response"]
         create_id = (response.get("metadata") or {}).get("client_event_id")
         if create_id in self._replies.discarded:
@@ -897,8 +908,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
 
     def _on_output_item_added(self, event: dict[str, Any]) -> None:
         item = event["item"]
-        generation = self._replies.generation
-        if generation is not None and generation.response_id == event["response_id"]:
+        if (generation := self._replies.by_response(event["response_id"])) is not None:
             generation.output_item_ids.append(item["id"])
         generation = self._current(event)
         if generation is None:
@@ -958,9 +968,10 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
 
     def _on_response_done(self, event: dict[str, Any]) -> None:
         response = event["response"]
-        generation = self._replies.generation
-        if generation is None or generation.response_id != response["id"]:
+        generation = self._replies.by_response(response["id"])
+        if generation is None:
             return
+        self._replies.winding_down.pop(response["id"], None)
         if generation.discarded:
             # nobody heard it: the worker must not remember it either
             for item_id in generation.output_item_ids:
