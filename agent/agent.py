@@ -77,6 +77,7 @@ def build_session(config: AgentSettings, vad: SpeechLengthVAD) -> AgentSession:
         api_key=config.omni_api_key.get_secret_value() if config.omni_api_key else None,
         voice=config.voice,
         speculative_replies=config.speculative_replies,
+        input_transcription=config.input_transcription,
     )
     return AgentSession(
         vad=vad,

@@ -70,6 +70,10 @@ class AgentSettings(BaseSettings):
         True, validation_alias="AGENT_SPECULATIVE_REPLIES",
         description="start each reply at the VAD's end of speech, before the turn is confirmed",
     )
+    input_transcription: bool = Field(
+        True, validation_alias="AGENT_INPUT_TRANSCRIPTION",
+        description="have the omni worker transcribe the user's turns (user transcripts in the room)",
+    )
 
     # Worker-level behaviour.
     load_threshold: float = Field(

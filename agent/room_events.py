@@ -68,6 +68,8 @@ class RoomEvents:
         self._model_first_audio: dict[str, float] = {}  # response id → seconds
         self._endpointing: dict[str, float] = {}  # reply speech id → its turn's endpointing, s
         self._watched_sessions: set[int] = set()  # realtime sessions whose speculation we report
+        self._turn_reply: str | None = None  # speech id of the reply to the latest spoken turn
+        self._speculative_replies: set[str] = set()  # speech ids answered by a speculative reply
         self._sending: set[asyncio.Task[None]] = set()
 
     def attach(self) -> None:
@@ -117,6 +119,7 @@ class RoomEvents:
             # the framework's reply to the spoken turn just committed (created right after it)
             self._endpointing[ev.speech_handle.id] = self._turn_endpointing
             self._turn_endpointing = None
+            self._turn_reply = ev.speech_handle.id
         ev.speech_handle.add_done_callback(self._on_reply_over)
 
     def _on_reply_over(self, reply: SpeechHandle) -> None:
@@ -130,7 +133,9 @@ class RoomEvents:
         for response_id in response_ids:
             model_first_audio = self._model_first_audio.pop(response_id, model_first_audio)
         rt = self._realtime_session()
-        speculative = rt is not None and any(rt.is_speculative_reply(r) for r in response_ids)
+        speculative = reply.id in self._speculative_replies or (
+            rt is not None and any(rt.is_speculative_reply(r) for r in response_ids))
+        self._speculative_replies.discard(reply.id)
         endpointing = self._endpointing.pop(reply.id, None)
         items = self._conversation_size()
 
@@ -186,7 +191,13 @@ class RoomEvents:
         rt = self._realtime_session()
         if rt is not None and id(rt) not in self._watched_sessions:
             self._watched_sessions.add(id(rt))
-            rt.on("omni_speculative_reply", lambda ev: self.publish("speculative_reply", **ev))
+            rt.on("omni_speculative_reply", self._on_speculative_reply)
+
+    def _on_speculative_reply(self, ev: dict[str, Any]) -> None:
+        if ev["outcome"] == "used" and self._turn_reply is not None:
+            # handed over to the framework's reply to the turn just committed
+            self._speculative_replies.add(self._turn_reply)
+        self.publish("speculative_reply", **ev)
 
     def _conversation_size(self) -> int | None:
         """Items in the model's conversation, as the omni worker acknowledged them (the

@@ -105,12 +105,17 @@ def record_turn(caller: Caller, speech_ended: float, voice: float, decided: dict
         starts = [e["at"] for e in caller.events_of("speculative_reply", after=speech_ended - 5)
                   if e["outcome"] == "started" and e["at"] <= decided["at"]]
         started_at = starts[-1] if starts else started_at
+    model_first_audio = turn_event.get("model_first_audio_s")
+    if model_first_audio is None:  # a cut reply: the worker's report on its response
+        done = [e for e in caller.events_of("response_done", after=started_at - 0.01)
+                if e.get("model_first_audio_s") is not None]
+        model_first_audio = done[0]["model_first_audio_s"] if done else None
     samples.turns.append(Turn(
         voice_to_voice=voice - speech_ended,
         endpointing=decided["at"] - speech_ended,
         speculative=speculative,
         reply_started=started_at - speech_ended,
-        model_first_audio=turn_event.get("model_first_audio_s"),
+        model_first_audio=model_first_audio,
     ))
 
 
