@@ -86,6 +86,7 @@ class Samples:
     silent_at_decision: int = 0  # rounds where the agent's audio had a gap when it decided
     cancelled_on_worker: int = 0
     speculative: dict[str, int] = field(default_factory=lambda: {"started": 0, "used": 0, "discarded": 0})
+    failed_rounds: list[str] = field(default_factory=list)  # an expected event never came
 
 
 async def reply_started(caller: Caller, speech_ended: float) -> tuple[float, dict]:
@@ -161,7 +162,13 @@ async def one_call(livekit_url: str, rounds: int, first: int, total: int, sample
         await caller.agent_audio.quiet_after(time.time(), quiet_s=0.5, timeout=REPLY_TIMEOUT_S)
         for i in range(first, first + rounds):
             started = time.monotonic()
-            await one_round(caller, QUESTIONS[i % len(QUESTIONS)], samples)
+            try:
+                await one_round(caller, QUESTIONS[i % len(QUESTIONS)], samples)
+            except TimeoutError as e:  # reported, and the call goes on with the next round
+                samples.failed_rounds.append(f"round {i + 1}: {e}")
+                print(f"round {i + 1}/{total}: FAILED: {e}", flush=True)
+                await caller.agent_audio.quiet_after(time.time(), quiet_s=1.0, timeout=REPLY_TIMEOUT_S)
+                continue
             a, b = samples.turns[-2:]
             print(f"round {i + 1}/{total}: voice-to-voice {a.voice_to_voice * 1000:.0f} / "
                   f"{b.voice_to_voice * 1000:.0f} ms (endpointing {a.endpointing * 1000:.0f} / "
@@ -230,6 +237,7 @@ def report(samples: Samples, args: argparse.Namespace) -> str:
         f"(a negative stop latency: generation slower than real time)",
         f"  replies cancelled on the worker by the barge-in: {samples.cancelled_on_worker}/{args.rounds} "
         f"(the others had finished generating and were truncated)",
+        f"  rounds that failed (not counted above): {len(samples.failed_rounds)}",
     ]
     text = "\n".join(lines)
     print("\n" + text)
