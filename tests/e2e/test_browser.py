@@ -150,10 +150,12 @@ async def test_browser_user_talks_with_the_agent_and_hears_it(browser, web_page_
         AGENT_REPLY_TIMEOUT_S,
         "the user's words in the transcript",
     )
+    # (a reply cut by the next question, as the looping microphone does, may end before the
+    # worker reports its first-audio time: the page then shows "–" for the model)
     await page.wait_for(
-        "window.omniAgent.replies.some(r => r.endpointingMs !== null && r.modelMs !== null)",
+        "window.omniAgent.replies.some(r => r.endpointingMs !== null)",
         AGENT_REPLY_TIMEOUT_S,
-        "a reply with its endpointing and model times",
+        "a reply with its endpointing time",
     )
     # The microphone's level is shown while it plays the fake speech, and mute works.
     await page.wait_for("window.omniAgent.microphone.level > 0", 30, "the microphone level")
