@@ -19,6 +19,8 @@ object with `type` and `at` (the agent's wall clock, seconds since the epoch):
 - `response_done` {response_id, cancelled, model_first_audio_s}: the worker finished a
   response, or cancelled it (a barge-in while it was still generating).
 
+The same turns feed the agent's Prometheus metrics (agent/metrics.py).
+
 The agent's *transcripts* are published by livekit-agents itself (text streams on the
 `lk.transcription` topic); nothing here duplicates them.
 """
@@ -41,10 +43,11 @@ from livekit.agents import (
     UserStateChangedEvent,
     llm,
 )
-from livekit.agents.metrics import RealtimeModelMetrics
+from livekit.agents.metrics import EOUMetrics, RealtimeModelMetrics
 from livekit.agents.voice import SpeechHandle
 
 from .barge_in import IgnoredSound
+from .metrics import AgentMetrics
 
 TOPIC = "omni.agent.events"
 
@@ -52,9 +55,10 @@ log = logging.getLogger("omni-agent.turns")
 
 
 class RoomEvents:
-    def __init__(self, session: AgentSession, room: rtc.Room) -> None:
+    def __init__(self, session: AgentSession, room: rtc.Room, metrics: AgentMetrics) -> None:
         self._session = session
         self._room = room
+        self._metrics = metrics
         self._turns = 0
         self._model_first_audio: dict[str, float] = {}  # response id → seconds
         self._sending: set[asyncio.Task[None]] = set()
@@ -89,6 +93,8 @@ class RoomEvents:
 
     def _on_metrics(self, ev: MetricsCollectedEvent) -> None:
         m = ev.metrics
+        if isinstance(m, EOUMetrics) and m.end_of_utterance_delay > 0:  # 0: no end of speech seen
+            self._metrics.user_turn_decided(m.end_of_utterance_delay)
         if not isinstance(m, RealtimeModelMetrics):
             return
         first_audio = m.ttft if m.ttft >= 0 else None
@@ -110,6 +116,8 @@ class RoomEvents:
         for response_id in metrics.get("provider_request_ids", []):
             model_first_audio = self._model_first_audio.pop(response_id, model_first_audio)
         items = self._conversation_size()
+        self._metrics.reply_over(interrupted=reply.interrupted, voice_to_voice_s=voice_to_voice,
+                                 model_first_audio_s=model_first_audio)
 
         log.info(
             "turn %d: voice-to-voice %s (end of user speech → first agent audio out), "
@@ -127,6 +135,7 @@ class RoomEvents:
 
     def _on_false_interruption(self, ev: AgentFalseInterruptionEvent) -> None:
         log.info("false interruption: %s", "resumed the reply" if ev.resumed else "not resumed")
+        self._metrics.false_interruption(resumed=ev.resumed)
         self.publish("false_interruption", resumed=ev.resumed, at=ev.created_at)
 
     # -- sending
