@@ -43,7 +43,7 @@ from livekit.agents import (
     UserStateChangedEvent,
     llm,
 )
-from livekit.agents.metrics import EOUMetrics, RealtimeModelMetrics
+from livekit.agents.metrics import RealtimeModelMetrics
 from livekit.agents.voice import SpeechHandle
 
 from .barge_in import IgnoredSound
@@ -61,6 +61,11 @@ class RoomEvents:
         self._metrics = metrics
         self._turns = 0
         self._model_first_audio: dict[str, float] = {}  # response id → seconds
+        # for the endpointing delay: when the agent decided the user's turn was over, and when
+        # the reply to it started playing (livekit-agents reports end_of_utterance_delay only
+        # with an STT's transcripts, which a realtime model without input transcripts lacks)
+        self._turn_decided_at: float | None = None
+        self._reply_started_at: float | None = None
         self._sending: set[asyncio.Task[None]] = set()
 
     def attach(self) -> None:
@@ -77,6 +82,7 @@ class RoomEvents:
         self.publish("sound_ignored", speech_s=round(sound.speech_s, 3))
 
     def user_turn(self) -> None:
+        self._turn_decided_at, self._reply_started_at = time.time(), None
         self.publish("user_turn")
 
     async def aclose(self) -> None:
@@ -86,6 +92,8 @@ class RoomEvents:
     # -- session events
 
     def _on_agent_state(self, ev: AgentStateChangedEvent) -> None:
+        if ev.new_state == "speaking" and self._reply_started_at is None:
+            self._reply_started_at = ev.created_at
         self.publish("agent_state", state=ev.new_state, old_state=ev.old_state, at=ev.created_at)
 
     def _on_user_state(self, ev: UserStateChangedEvent) -> None:
@@ -93,8 +101,6 @@ class RoomEvents:
 
     def _on_metrics(self, ev: MetricsCollectedEvent) -> None:
         m = ev.metrics
-        if isinstance(m, EOUMetrics) and m.end_of_utterance_delay > 0:  # 0: no end of speech seen
-            self._metrics.user_turn_decided(m.end_of_utterance_delay)
         if not isinstance(m, RealtimeModelMetrics):
             return
         first_audio = m.ttft if m.ttft >= 0 else None
@@ -118,6 +124,12 @@ class RoomEvents:
         items = self._conversation_size()
         self._metrics.reply_over(interrupted=reply.interrupted, voice_to_voice_s=voice_to_voice,
                                  model_first_audio_s=model_first_audio)
+        if voice_to_voice is not None and self._turn_decided_at and self._reply_started_at:
+            # end of speech → decision = (end of speech → first audio) − (decision → first audio)
+            endpointing = voice_to_voice - (self._reply_started_at - self._turn_decided_at)
+            if endpointing >= 0:
+                self._metrics.user_turn_decided(endpointing)
+            self._turn_decided_at = self._reply_started_at = None
 
         log.info(
             "turn %d: voice-to-voice %s (end of user speech → first agent audio out), "

@@ -3,10 +3,10 @@
 #
 #   scripts/livekit-server.sh [--port 7880] [--rtc-tcp-port 7881] [--rtc-udp-port 7882] [--bind 127.0.0.1]
 #
-# --bind 127.0.0.1 (default): signalling on 127.0.0.1:PORT (TCP), media on 127.0.0.1:RTC_UDP_PORT
-# (UDP) only, and no RTC TCP port (LiveKit binds that one on every interface, so it stays off).
-# --bind 0.0.0.0 (or one address): signalling there, media UDP and the RTC TCP fallback on every
-# interface, for phones and other machines on the network.
+# --bind 127.0.0.1 (default): signalling on 127.0.0.1:PORT (TCP) only, no RTC TCP port; media
+# on RTC_UDP_PORT (UDP), which LiveKit opens on each interface's address (see below).
+# --bind 0.0.0.0 (or one address): signalling there, and the RTC TCP fallback on every interface
+# too, for phones and other machines on the network.
 # Env defaults: LIVEKIT_PORT, LIVEKIT_RTC_TCP_PORT, LIVEKIT_RTC_UDP_PORT, LIVEKIT_BIND,
 # LIVEKIT_SERVER_BIN (default .tools/bin/livekit-server, built by install-livekit-server.sh).
 # Runs in the foreground; the server replaces this shell, so signals reach it directly.
@@ -39,19 +39,19 @@ fi
 # public ones (global.stun.twilio.com, stun.l.google.com) and every client, the agent
 # included, looks them up and tries to reach them. Loopback needs no STUN at all.
 if [[ $BIND == 127.0.0.1 ]]; then
-    # Media over one UDP port on 127.0.0.1 only (ips.includes keeps LiveKit from listening on
-    # the other interfaces); the loopback candidate lets clients on this machine connect
-    # without any external IP discovery (which would try to reach the internet).
+    # No RTC TCP port: LiveKit binds it on every interface whatever bind_addresses says, and
+    # clients on this machine need only UDP. Media UDP cannot be kept on 127.0.0.1: libwebrtc
+    # clients (the agent, Chromium) offer only their non-loopback addresses as candidates and
+    # ignore media coming from a loopback address, so with `rtc.ips.includes: [127.0.0.1/32]`
+    # calls do not connect. It listens on every interface's address; docs/architecture.md says so.
     RTC="
   udp_port: $RTC_UDP_PORT
   tcp_port: 0
   use_external_ip: false
   node_ip: 127.0.0.1
   enable_loopback_candidate: true
-  ips:
-    includes: [127.0.0.1/32]
   stun_servers: [127.0.0.1:$RTC_UDP_PORT]"
-    WHERE="rtc udp 127.0.0.1:$RTC_UDP_PORT, no rtc tcp"
+    WHERE="rtc udp $RTC_UDP_PORT on every interface address, no rtc tcp"
 else
     RTC="
   udp_port: $RTC_UDP_PORT
