@@ -133,14 +133,16 @@ async def _session_ended() -> None:
     metrics().session_ended()
 
 
-# livekit-agents' own defaults for the health server; ours for the metrics server next to it
-HTTP_PORT = {"start": 8081}
-METRICS_PORT = {"start": 8082}
+def _port(configured: int | None, start_mode_default: int, mode: str) -> int:
+    """An unset port is the default in `start` mode and a free one (0) in dev and console, so
+    several agents can run on one machine (livekit-agents does the same for its health port)."""
+    if configured is not None:
+        return configured
+    return start_mode_default if mode == "start" else 0
 
 
 def worker_options(config: AgentSettings, mode: str) -> WorkerOptions:
-    """`mode`: the command (dev, start, console); in all but start, unset ports are free ones
-    (0), so several agents can run on one machine."""
+    """`mode`: the command (dev, start, console)."""
     return WorkerOptions(
         entrypoint_fnc=entrypoint,
         prewarm_fnc=prewarm,
@@ -153,8 +155,8 @@ def worker_options(config: AgentSettings, mode: str) -> WorkerOptions:
         api_key=config.livekit_api_key,
         api_secret=config.livekit_api_secret.get_secret_value(),
         host=config.http_host,
-        port=config.http_port if config.http_port is not None else HTTP_PORT.get(mode, 0),
-        prometheus_port=config.metrics_port if config.metrics_port is not None else METRICS_PORT.get(mode, 0),
+        port=_port(config.http_port, 8081, mode),
+        prometheus_port=_port(config.metrics_port, 8082, mode),
     )
 
 
