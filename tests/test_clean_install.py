@@ -7,6 +7,7 @@ it runs in `./scripts/test` and CI, not in the quick `-m "not e2e"` loop.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import venv
 from pathlib import Path
@@ -18,6 +19,8 @@ from tests.conftest import REPO, WorkerProcess
 pytestmark = pytest.mark.e2e
 
 HEAVY = ("torch", "torchvision", "transformers", "accelerate", "xgrammar", "vllm")
+PASS_THROUGH = ("PIP_", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+                "SSL_CERT_", "REQUESTS_CA_BUNDLE")
 SESSION_SCRIPT = REPO / "tests" / "support" / "installed_plugin_session.py"
 
 
@@ -29,8 +32,10 @@ def clean_venv(tmp_path_factory) -> Path:
 
 
 def run(venv_dir: Path, *args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
-    # outside the repository and with no PYTHONPATH: only what the venv installed is importable
-    env = {"PATH": f"{venv_dir / 'bin'}:/usr/bin:/bin", "HOME": str(Path.home())}
+    # outside the repository and with no PYTHONPATH: only what the venv installed is importable;
+    # pip's own settings (index, certificates, proxies) pass through
+    env = {k: v for k, v in os.environ.items() if k.startswith(PASS_THROUGH)}
+    env |= {"PATH": f"{venv_dir / 'bin'}:/usr/bin:/bin", "HOME": str(Path.home())}
     return subprocess.run([str(venv_dir / "bin" / args[0]), *args[1:]], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
