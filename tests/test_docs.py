@@ -167,6 +167,12 @@ def all_program_sources() -> str:
     return "\n".join(f.read_text() for f in files if f.is_file())
 
 
+def compose_profile_exists(line: str) -> bool:
+    words = line.split("--profile", 1)[1].split()
+    compose = (REPO / "docker-compose.yml").read_text()
+    return bool(words) and re.search(rf"profiles:\s*\[[^]]*\b{re.escape(words[0])}\b", compose) is not None
+
+
 def is_defined(option: str, source: str) -> bool:
     # argparse: "--name"; shell case arms: --name) ; both spell the option in quotes or before ")"
     return re.search(rf"[\"']{re.escape(option)}[\"'=]|{re.escape(option)}\)|{re.escape(option)}\b", source) is not None
@@ -181,6 +187,8 @@ def test_every_named_command_and_option_exists(doc_path: Path) -> None:
         found = program_of(line)
         if found is None:
             for option in options:  # prose: some command of ours must define it
+                if option == "--profile" and compose_profile_exists(line):
+                    continue  # `docker compose --profile NAME`: NAME must be a profile in docker-compose.yml
                 if not is_defined(option, every_program) and not is_defined(option, livekit_cli_options()):
                     problems.append(f"{option} (in `{line.strip()}`) is no option of any command here")
             continue
@@ -210,3 +218,4 @@ def test_the_checks_catch_what_they_should() -> None:
     assert is_defined("--web-port", defined_options("scripts/dev", PROGRAM_SOURCES["scripts/dev"]))
     assert not is_defined("--no-such-option", defined_options("scripts/dev", PROGRAM_SOURCES["scripts/dev"]))
     assert list(itertools.chain(expand_braces("a{b,c}d"))) == ["abd", "acd"]
+    assert not compose_profile_exists("--profile no-such-profile")
