@@ -32,9 +32,10 @@ ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 RUN useradd --create-home --uid 1000 web && python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-COPY docker/pip-install.sh /opt/build/
-RUN --mount=type=cache,target=/root/.cache/pip --mount=type=secret,id=pip_ca \
-    /opt/build/pip-install.sh "aiohttp==3.14.*" "livekit-api==1.2.*"
+COPY docker/install-requirements.sh /opt/build/
+RUN --mount=type=cache,id=omni-wheels,target=/wheels --mount=type=secret,id=pip_ca \
+    printf '%s\n' "aiohttp==3.14.*" "livekit-api==1.2.*" > /opt/build/requirements.txt \
+    && /opt/build/install-requirements.sh /opt/build/requirements.txt
 WORKDIR /app
 COPY web/server.py web/server.py
 COPY --from=build /web/dist web/dist

@@ -10,8 +10,8 @@
 #   PIP_INDEX_URL / PIP_EXTRA_INDEX_URL   pip's usual variables, e.g. an internal mirror. PyPI's
 #                torch wheels bring the CUDA libraries (~4 GB) even for the CPU variant; PyTorch's
 #                CPU wheel index as PIP_EXTRA_INDEX_URL gives a CPU-only torch instead.
-# pip's cache is a build cache mount: a rebuild after a dependency change does not download
-# torch again.
+# Downloads go through a wheel house in a build cache mount (docker/install-requirements.sh):
+# a rebuild after a dependency change does not download torch again.
 #
 # The CUDA runtime comes inside the torch/vllm wheels; the host needs the NVIDIA driver and
 # the NVIDIA Container Toolkit (`docker run --gpus all` / compose `gpus`).
@@ -34,20 +34,19 @@ RUN if [ -n "$EXTRAS" ]; then \
 
 RUN useradd --create-home --uid 1000 omni && python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-COPY docker/pip-install.sh docker/requirements.py /opt/build/
+COPY docker/install-requirements.sh docker/requirements.py /opt/build/
 WORKDIR /app
 
 # Dependencies first, in a layer of their own, so code changes do not reinstall torch/vllm.
 COPY pyproject.toml /opt/build/worker/
-RUN --mount=type=cache,target=/root/.cache/pip --mount=type=secret,id=pip_ca \
+RUN --mount=type=cache,id=omni-wheels,target=/wheels --mount=type=secret,id=pip_ca \
     python /opt/build/requirements.py /opt/build/worker/pyproject.toml ${EXTRAS:+--extra $EXTRAS} \
         > /opt/build/worker/requirements.txt \
-    && /opt/build/pip-install.sh -r /opt/build/worker/requirements.txt
+    && /opt/build/install-requirements.sh /opt/build/worker/requirements.txt
 
 COPY pyproject.toml README.md ./
 COPY inference inference
-RUN --mount=type=cache,target=/root/.cache/pip --mount=type=secret,id=pip_ca \
-    /opt/build/pip-install.sh --no-deps . && rm -rf build
+RUN pip install --no-cache-dir --no-index --no-deps --no-build-isolation . && rm -rf build
 
 ENV HF_HOME=/models \
     OMNI_ENGINE=vllm-omni \
