@@ -37,16 +37,17 @@ ENV PATH=/opt/venv/bin:$PATH
 COPY docker/install-requirements.sh docker/requirements.py /opt/build/
 WORKDIR /app
 
-# Dependencies first, in a layer of their own, so code changes do not reinstall torch/vllm.
-COPY pyproject.toml /opt/build/worker/
+# The worker is its own distribution (inference/pyproject.toml). Its dependencies first, in a
+# layer of their own, so code changes do not reinstall torch/vllm.
+COPY inference/pyproject.toml /opt/build/worker/
 RUN --mount=type=cache,id=omni-wheels,target=/wheels --mount=type=secret,id=pip_ca \
     python /opt/build/requirements.py /opt/build/worker/pyproject.toml ${EXTRAS:+--extra $EXTRAS} \
         > /opt/build/worker/requirements.txt \
     && /opt/build/install-requirements.sh /opt/build/worker/requirements.txt
 
-COPY pyproject.toml README.md ./
+# Then the source, installed from the layer above alone (no network); only the installed copy stays.
 COPY inference inference
-RUN pip install --no-cache-dir --no-index --no-deps --no-build-isolation . && rm -rf build
+RUN pip install --no-cache-dir --no-index --no-deps --no-build-isolation ./inference && rm -rf inference
 
 ENV HF_HOME=/models \
     OMNI_ENGINE=vllm-omni \

@@ -255,7 +255,8 @@ async def call_and_drain(livekit_url: str, api_secret: str, agent_container: str
             stop = await asyncio.create_subprocess_exec("podman", "stop", "--time", "120", agent_container,
                                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             await asyncio.sleep(3.0)
-            if not container_state(agent_container)["Running"]:
+            # podman reports a container as "stopping" from the signal until it exits
+            if container_state(agent_container)["Status"] not in ("running", "stopping"):
                 raise SmokeError("the agent quit with a call in progress")
             if "draining worker" not in podman("logs", agent_container, check=False, timeout=30):
                 raise SmokeError("the agent did not log that it is draining")
@@ -263,6 +264,12 @@ async def call_and_drain(livekit_url: str, api_secret: str, agent_container: str
                 raise SmokeError(f"the preStop hook returned ({hook.returncode}) while a call was running")
             said = await caller.mic.say(load_wav("e2e_q2_weather.wav"))
             await audio.first_voice_after(said.ended_at, timeout=CALL_TIMEOUT_S)
+    except BaseException:
+        for process in (stop, hook):  # leave no podman command behind
+            if process and process.returncode is None:
+                process.kill()
+                await process.wait()
+        raise
     finally:
         await caller.aclose()
     with report.step("  the caller left: the agent exits by itself"):
