@@ -68,6 +68,7 @@ DOCKERFILES = {"worker": "docker/worker.Dockerfile", "agent": "docker/agent.Dock
                "web": "docker/web.Dockerfile"}
 COMPOSE_FILES = ["docker-compose.yml", "deploy/compose/cpu.yml", "deploy/smoke/compose.yml"]
 K8S = REPO / "deploy" / "k8s"
+POD = "omni-agent-pod-0"  # what `podman kube play` calls the Deployment's pod
 # deploy/smoke/livekit.yaml and compose.yml
 LIVEKIT_PORT, WORKER_PORT, WEB_PORT, AGENT_HEALTH_PORT = 19880, 19800, 19808, 8081
 LIVEKIT_API_KEY = "APIomnismoke"
@@ -220,6 +221,21 @@ def wait_http(url: str, timeout: float) -> None:
     raise SmokeError(f"{url}: not 200 within {timeout:.0f} s (last: {last})")
 
 
+def wait_agent_available(agent_http: str, timeout: float) -> None:
+    """Until the agent reports a load under its threshold to LiveKit: its health answers 200 as
+    soon as it is registered, but LiveKit dispatches a room only to an available agent, and it
+    is not available before its omni worker has loaded (agent/worker_load.py)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            with urllib.request.urlopen(f"{agent_http}/worker", timeout=2) as r:
+                if json.load(r).get("worker_load", 0.0) < 0.999:  # AGENT_LOAD_THRESHOLD's default
+                    time.sleep(1.0)  # the status update that goes with it reaches LiveKit
+                    return
+        time.sleep(1.0)
+    raise SmokeError(f"the agent did not become available within {timeout:.0f} s ({agent_http}/worker)")
+
+
 def ports_free(tcp_ports: list[int]) -> None:
     for port in tcp_ports:
         with socket.socket() as s:
@@ -297,11 +313,12 @@ def compose_run(compose: list[str], report: Report, log_dir: Path, env: dict[str
             for row in json.loads(podman("ps", "-a", "--filter", f"label=com.docker.compose.project={NAME}",
                                          "--format", "json")):
                 containers[row["Labels"]["com.docker.compose.service"]] = row["Names"][0]
-        with report.step("compose: LiveKit, worker (tiny-random loaded), page, agent answer"):
+        with report.step("compose: LiveKit, worker (tiny-random loaded), page, agent available"):
             wait_http(f"http://127.0.0.1:{LIVEKIT_PORT}/", 60)
             wait_http(f"http://127.0.0.1:{WORKER_PORT}/health", 600)
             wait_http(f"http://127.0.0.1:{WEB_PORT}/health", 60)
             wait_http(f"http://127.0.0.1:{AGENT_HEALTH_PORT}/", 180)  # 200 once registered with LiveKit
+            wait_agent_available(f"http://127.0.0.1:{AGENT_HEALTH_PORT}", 60)
             with urllib.request.urlopen(f"http://127.0.0.1:{WEB_PORT}/token", timeout=5) as r:
                 token = json.load(r)
             if token.get("url") != f"ws://127.0.0.1:{LIVEKIT_PORT}" or not token.get("token"):
@@ -378,27 +395,28 @@ def kube_run(livekit_bin: Path, base_image: str, report: Report, log_dir: Path, 
                            input=podman_secret(env["LIVEKIT_API_SECRET"], env["OMNI_API_KEY"]))
             started.append("secret")
             changes: list[str] = []
-            manifest.write_text(yaml.safe_dump_all(pod_manifests(livekit_url, changes), sort_keys=False))
+            config, pvc, deployment = pod_manifests(livekit_url, changes)
+            manifest.write_text(yaml.safe_dump_all([config, pvc, deployment], sort_keys=False))
             for change in changes:
                 report.fact(f"  pod spec change: {change}")
             started.append("pod")
             podman("kube", "play", "--network", network, str(manifest), timeout=300)
-            for row in json.loads(podman("ps", "-a", "--filter", "pod=omni-agent-pod-0", "--format", "json")):
-                if not row.get("IsInfra"):
-                    pod_containers[row["Labels"].get("io.kubernetes.container.name") or row["Names"][0]] = \
-                        row["Names"][0]
+            # podman names a Deployment's first pod <name>-pod-0 and its containers <pod>-<container>
+            for container in deployment["spec"]["template"]["spec"]["containers"]:
+                pod_containers[container["name"]] = f"{POD}-{container['name']}"
+                container_state(pod_containers[container["name"]])  # it exists
         pod_ip = container_ip(pod_containers["omni-worker"], network)
-        deployment = yaml.safe_load((K8S / "omni-agent.yaml").read_text())
         with report.step(f"pod: startup, readiness and liveness probes answer on the pod IP {pod_ip}"):
             for container in deployment["spec"]["template"]["spec"]["containers"]:
                 check_probes(container, pod_ip, report)
         with report.step("pod: room check and drain"):
+            wait_agent_available(f"http://{pod_ip}:{AGENT_HEALTH_PORT}", 60)
             worker_hook = next(c for c in deployment["spec"]["template"]["spec"]["containers"]
                                if c["name"] == "omni-worker")["lifecycle"]["preStop"]["exec"]["command"]
             asyncio.run(call_and_drain(livekit_url, env["LIVEKIT_API_SECRET"], pod_containers["agent"], report,
                                        pre_stop=[pod_containers["omni-worker"], *worker_hook]))
         with report.step("pod: stop (SIGTERM to the worker)"):
-            podman("pod", "stop", "--time", "30", "omni-agent-pod-0", timeout=120)
+            podman("pod", "stop", "--time", "30", POD, timeout=120)
             code = container_state(pod_containers["omni-worker"])["ExitCode"]
             if code != 0:
                 raise SmokeError(f"the worker exited with code {code} on SIGTERM")
