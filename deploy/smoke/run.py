@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -465,6 +466,9 @@ def main() -> int:
     parser.add_argument("--no-build", action="store_true", help="use the images already built")
     parser.add_argument("--compose", default="podman-compose", help="compose command (default podman-compose)")
     parser.add_argument("--log-dir", type=Path, help="where the build and container logs go (default a new temp dir)")
+    parser.add_argument("--lock", type=Path,
+                        help="hold this file lock (flock) while the stacks run: /tmp/e2e.lock on a machine "
+                             "shared with the end-to-end tests, whose drain test also uses port 8081")
     args = parser.parse_args()
 
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="omni-smoke-"))
@@ -499,8 +503,13 @@ def main() -> int:
                            "import importlib.util as u; print([m for m in ('torch', 'transformers') if u.find_spec(m)])")
             if found != "[]":
                 raise SmokeError(f"the agent image has {found}")
-        compose_run(args.compose.split(), report, log_dir, env)
-        kube_run(livekit_bin.resolve(), args.base_image, report, log_dir, env)
+        with contextlib.ExitStack() as held:
+            if args.lock:
+                lock = held.enter_context(open(args.lock, "a"))
+                with report.step(f"wait for the lock {args.lock}"):
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+            compose_run(args.compose.split(), report, log_dir, env)
+            kube_run(livekit_bin.resolve(), args.base_image, report, log_dir, env)
         verdict = "PASS"
     except (SmokeError, subprocess.SubprocessError, OSError, TimeoutError) as e:
         say(f"stopped: {e}")
