@@ -5,7 +5,7 @@
 #
 # Build arguments and secrets (the same in all three Dockerfiles, docs/deploy.md "Images"):
 #   BASE_IMAGE   Debian bookworm with python3 (3.11) and its venv module; default the official
-#                python image. Without a registry: a local one (deploy/smoke.py builds it).
+#                python image. Without a registry: a local one (deploy/smoke/run.py builds it).
 #   --secret id=pip_ca,src=FILE   a CA bundle for pip behind a TLS-intercepting proxy.
 #   PIP_INDEX_URL / PIP_EXTRA_INDEX_URL   pip's usual variables, e.g. an internal mirror. PyPI's
 #                torch wheels bring the CUDA libraries (~4 GB) even for the CPU variant; PyTorch's

@@ -2,7 +2,8 @@
 # CI's run of deploy/smoke/run.py (.ci/run, after the tests): installs what it needs on a bare
 # Debian machine, as root (podman, runc, catatonit for pods, debootstrap for the base image;
 # podman-compose from PyPI, as Debian's 1.0.3 cannot read `!reset`), then runs it.
-# Needs scripts/setup first (the venv, the LiveKit server binary). Extra arguments go to run.py.
+# Needs scripts/setup first (the venv, or PYTHON=its python; the LiveKit server binary). Extra
+# arguments go to run.py.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 say() { printf '\n[smoke ci] %s\n' "$*"; }
@@ -25,4 +26,4 @@ fi
 
 # This project's machines are sandboxes that need runc and explicit rlimits (that file says why).
 export CONTAINERS_CONF="$PWD/deploy/smoke/sandbox-containers.conf"
-exec .venv/bin/python deploy/smoke/run.py --compose .tools/podman-compose/bin/podman-compose "$@"
+exec "${PYTHON:-.venv/bin/python}" deploy/smoke/run.py --compose .tools/podman-compose/bin/podman-compose "$@"

@@ -91,7 +91,8 @@ class Report:
     """Each step's time and outcome, and a few facts (image sizes, latencies) for the summary."""
 
     def __init__(self) -> None:
-        self.steps: list[tuple[str, float, bool]] = []
+        self.started = time.monotonic()
+        self.steps: list[tuple[str, float, bool]] = []  # sub-steps (indented) are part of the step above
         self.facts: list[str] = []
 
     @contextlib.contextmanager
@@ -112,13 +113,14 @@ class Report:
         self.facts.append(text)
 
     def print_summary(self, verdict: str) -> None:
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), "?")
         print("\n==== smoke summary ====")
-        print(f"machine: {socket.gethostname()}, {os.cpu_count()} cores; podman {podman('--version').split()[-1]}; "
-              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+        print(f"machine: {socket.gethostname()}, {os.cpu_count()} x {cpu}, load average {os.getloadavg()[0]:.1f}; "
+              f"podman {podman('--version').split()[-1]}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
         for name, seconds, ok in self.steps:
             print(f"  {'ok  ' if ok else 'FAIL'} {seconds:8.1f} s  {name}")
-        total = sum(seconds for _, seconds, _ in self.steps)
-        print(f"       {total:8.1f} s  in all")
+        print(f"       {time.monotonic() - self.started:8.1f} s  in all")
         for fact in self.facts:
             print(f"  {fact}")
         print(f"verdict: {verdict}")
@@ -455,14 +457,25 @@ def check_probes(container: dict, pod_ip: str, report: Report) -> None:
 # --------------------------------------------------------------------------- main
 
 
+DEBIAN_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+def default_pip_ca() -> Path | None:
+    if os.environ.get("PIP_CERT"):
+        return Path(os.environ["PIP_CERT"])
+    return DEBIAN_CA_BUNDLE if DEBIAN_CA_BUNDLE.is_file() else None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="Build the images and run compose and the pod spec in containers.")
     parser.add_argument("--base-image", default=BASE_IMAGE,
                         help=f"base of all images (default {BASE_IMAGE}, built with debootstrap when missing; "
                              "python:3.11-slim-bookworm where a registry is reachable)")
     parser.add_argument("--debian-mirror", default="http://deb.debian.org/debian", help="for debootstrap")
-    parser.add_argument("--pip-ca", type=Path, default=os.environ.get("PIP_CERT") or None,
-                        help="CA bundle for pip/npm inside the builds (default $PIP_CERT, when set)")
+    parser.add_argument("--pip-ca", type=Path, default=default_pip_ca(),
+                        help="CA bundle for pip/npm inside the builds (default $PIP_CERT, else Debian's "
+                             f"{DEBIAN_CA_BUNDLE} where it exists: this host's trust store, with a "
+                             "TLS-intercepting proxy's CA where there is one)")
     parser.add_argument("--no-build", action="store_true", help="use the images already built")
     parser.add_argument("--compose", default="podman-compose", help="compose command (default podman-compose)")
     parser.add_argument("--log-dir", type=Path, help="where the build and container logs go (default a new temp dir)")
