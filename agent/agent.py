@@ -2,7 +2,8 @@
 
     python agent/agent.py dev        # development: registers with LIVEKIT_URL, debug logs
     python agent/agent.py start      # production: drains running calls on SIGTERM
-    python agent/agent.py console    # talk to it from this machine's microphone
+    python agent/agent.py console    # talk to it from this machine's microphone and speaker
+    python agent/agent.py console --text   # type to it (no audio device needed)
 
 Turn taking runs here, fully offline: silero VAD, LiveKit's local audio turn detector
 (`v1-mini`), VAD interruptions with false-interruption pause and resume. The omni worker only
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -22,6 +24,10 @@ from pathlib import Path
 # onnxruntime (silero VAD) sends usage telemetry to Microsoft from Linux too since 1.29, unless
 # this is set before it starts; job processes inherit it. Nothing in the agent may call out.
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+# Calls run in job processes: their metrics go to prometheus_client's multiprocess files, which
+# the metrics server adds up. Set before anything imports prometheus_client; inherited by jobs.
+if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="omni-agent-metrics-")
 
 if __package__ in (None, ""):
     # Run as a script from a checkout: import our packages (agent, and the plugin under
@@ -38,6 +44,8 @@ from livekit.plugins import omni, silero
 
 from agent.barge_in import BargeInGate, SpeechLengthVAD
 from agent.config import AgentSettings
+from agent.console import check_audio_devices
+from agent.metrics import AgentMetrics
 from agent.room_events import RoomEvents
 from agent.tools import ALL_TOOLS
 from agent.worker_load import OmniWorkerLoad
@@ -48,6 +56,12 @@ log = logging.getLogger("omni-agent")
 @cache
 def settings() -> AgentSettings:
     return AgentSettings()
+
+
+@cache
+def metrics() -> AgentMetrics:
+    """One set per process (prometheus_client registers each name once)."""
+    return AgentMetrics()
 
 
 class VoiceAgent(Agent):
@@ -104,8 +118,10 @@ async def entrypoint(ctx: JobContext) -> None:
     config = settings()
     vad = SpeechLengthVAD(ctx.proc.userdata["vad"])
     session = build_session(config, vad)
-    events = RoomEvents(session, ctx.room, vad)
+    events = RoomEvents(session, ctx.room, metrics(), vad)
     events.attach()
+    metrics().session_started()
+    ctx.add_shutdown_callback(_session_ended)
     BargeInGate(session, vad, min_speech_s=config.min_barge_in_s, on_ignored=events.sound_ignored).attach()
     # The VAD's end of speech starts the reply; the turn detector's decision plays it.
     omni.SpeculativeReplyTrigger(session).attach()
@@ -117,7 +133,20 @@ async def entrypoint(ctx: JobContext) -> None:
     await session.start(agent=agent, room=ctx.room, record=False)
 
 
-def worker_options(config: AgentSettings) -> WorkerOptions:
+async def _session_ended() -> None:
+    metrics().session_ended()
+
+
+def _port(configured: int | None, start_mode_default: int, mode: str) -> int:
+    """An unset port is the default in `start` mode and a free one (0) in dev and console, so
+    several agents can run on one machine (livekit-agents does the same for its health port)."""
+    if configured is not None:
+        return configured
+    return start_mode_default if mode == "start" else 0
+
+
+def worker_options(config: AgentSettings, mode: str) -> WorkerOptions:
+    """`mode`: the command (dev, start, console)."""
     return WorkerOptions(
         entrypoint_fnc=entrypoint,
         prewarm_fnc=prewarm,
@@ -129,6 +158,9 @@ def worker_options(config: AgentSettings) -> WorkerOptions:
         ws_url=config.livekit_url,
         api_key=config.livekit_api_key,
         api_secret=config.livekit_api_secret.get_secret_value(),
+        host=config.http_host,
+        port=_port(config.http_port, 8081, mode),
+        prometheus_port=_port(config.metrics_port, 8082, mode),
     )
 
 
@@ -137,7 +169,10 @@ def main() -> None:
         config = settings()
     except ValueError as e:  # pydantic's ValidationError: say which setting, then stop
         sys.exit(f"agent: bad configuration:\n{e}")
-    cli.run_app(worker_options(config))
+    mode = sys.argv[1] if len(sys.argv) > 1 else ""
+    if mode == "console" and "--text" not in sys.argv[2:]:
+        check_audio_devices(sys.argv[2:])  # exits with a clear message when there are none
+    cli.run_app(worker_options(config, mode))
 
 
 if __name__ == "__main__":

@@ -89,6 +89,21 @@ class AgentSettings(BaseSettings):
         description="empty: dispatched to every new room; set: explicit dispatch only",
     )
 
+    # What the agent listens on (docs/agent.md, "What listens where"): loopback unless asked.
+    http_host: str = Field(
+        "127.0.0.1", validation_alias="AGENT_HTTP_HOST",
+        description="address of the health server (GET /, /worker) and the metrics server; "
+                    "0.0.0.0 where probes come from outside (Kubernetes)",
+    )
+    http_port: int | None = Field(
+        None, ge=0, le=65535, validation_alias="AGENT_HTTP_PORT",
+        description="health server port; unset: livekit-agents' default (8081 in start mode, a free port in dev)",
+    )
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, validation_alias="AGENT_METRICS_PORT",
+        description="Prometheus /metrics port; unset: 8082 in start mode, a free port in dev and console (logged)",
+    )
+
     @model_validator(mode="after")
     def _delays_in_order(self) -> AgentSettings:
         if self.min_endpointing_delay_s > self.max_endpointing_delay_s:

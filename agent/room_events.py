@@ -25,6 +25,8 @@ object with `type` and `at` (the agent's wall clock, seconds since the epoch):
 - `response_done` {response_id, cancelled, model_first_audio_s}: the worker finished a
   response, or cancelled it (a barge-in while it was still generating).
 
+The same turns feed the agent's Prometheus metrics (agent/metrics.py).
+
 The agent's *transcripts* are published by livekit-agents itself (text streams on the
 `lk.transcription` topic); nothing here duplicates them.
 """
@@ -52,6 +54,7 @@ from livekit.agents.voice import SpeechHandle
 from livekit.plugins import omni
 
 from .barge_in import IgnoredSound, SpeechLengthVAD
+from .metrics import AgentMetrics
 
 TOPIC = "omni.agent.events"
 
@@ -59,9 +62,11 @@ log = logging.getLogger("omni-agent.turns")
 
 
 class RoomEvents:
-    def __init__(self, session: AgentSession, room: rtc.Room, speech_vad: SpeechLengthVAD | None = None) -> None:
+    def __init__(self, session: AgentSession, room: rtc.Room, metrics: AgentMetrics,
+                 speech_vad: SpeechLengthVAD | None = None) -> None:
         self._session = session
         self._room = room
+        self._metrics = metrics
         self._vad = speech_vad
         self._turn_endpointing: float | None = None  # of the user turn just committed
         self._turns = 0
@@ -138,6 +143,10 @@ class RoomEvents:
         self._speculative_replies.discard(reply.id)
         endpointing = self._endpointing.pop(reply.id, None)
         items = self._conversation_size()
+        self._metrics.reply_over(interrupted=reply.interrupted, voice_to_voice_s=voice_to_voice,
+                                 model_first_audio_s=model_first_audio)
+        if endpointing is not None:
+            self._metrics.user_turn_decided(endpointing)
 
         log.info(
             "turn %d: voice-to-voice %s (end of user speech → first agent audio out), endpointing %s, "
@@ -158,6 +167,7 @@ class RoomEvents:
 
     def _on_false_interruption(self, ev: AgentFalseInterruptionEvent) -> None:
         log.info("false interruption: %s", "resumed the reply" if ev.resumed else "not resumed")
+        self._metrics.false_interruption(resumed=ev.resumed)
         self.publish("false_interruption", resumed=ev.resumed, at=ev.created_at)
 
     # -- sending

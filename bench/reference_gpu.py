@@ -384,6 +384,9 @@ def main() -> None:
     parser.add_argument("--check", action="store_true",
                         help="first compare the CUDA-graph path with the eager path on tiny-random")
     args = parser.parse_args()
+    unknown = [name for name in args.variants.split(",") if name not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
     if args.sessions is None:
         args.sessions = "1,4" if args.tiny else "1,4,8,16,32,64"
     if args.conversation is None:

@@ -1,5 +1,5 @@
-"""Check the deployment files without Docker or a cluster (neither exists where this project is
-developed): everything parses, and the files agree with each other and with the repository.
+"""Check the deployment files offline, without containers or a cluster: everything parses, and
+the files agree with each other and with the repository.
 
     python deploy/validate.py
 
@@ -13,8 +13,9 @@ developed): everything parses, and the files agree with each other and with the 
 - SIP requests (deploy/sip/*.json) parse as LiveKit's CreateSIPInboundTrunkRequest and
   CreateSIPDispatchRuleRequest protobuf messages.
 
-What it cannot check: that images build, that pods schedule and start, that the LiveKit Helm
-chart accepts the values file. Exit code 1 and one line per problem when something is wrong.
+What it cannot check: that images build and the stack answers a call (deploy/smoke/run.py does,
+with podman), that pods schedule on a real cluster, that the LiveKit Helm chart accepts the
+values file. Exit code 1 and one line per problem when something is wrong.
 """
 
 from __future__ import annotations
@@ -213,7 +214,8 @@ def check_kustomization(problems: Problems, deployments: dict[str, dict]) -> Non
 
 
 def check_compose(problems: Problems) -> None:
-    files = [REPO / "docker-compose.yml", *sorted((REPO / "deploy" / "compose").glob("*.yml"))]
+    files = [REPO / "docker-compose.yml", *sorted((REPO / "deploy" / "compose").glob("*.yml")),
+             REPO / "deploy" / "smoke" / "compose.yml"]
     services: dict[str, dict] = {}
     for path in files:
         try:

@@ -1,18 +1,33 @@
-# The LiveKit agent worker (turn-taking + the provider plugin). No GPU: it reaches the omni
-# worker over WebSocket (OMNI_URL), normally on localhost in the same pod / host network.
+# The LiveKit agent worker (turn taking + the omni plugin). No GPU and no torch: it reaches the
+# omni worker over WebSocket (OMNI_URL), normally on localhost in the same pod / host network.
 #
 #   docker build -f docker/agent.Dockerfile -t omni-agent .
 #
-# Two distributions: the plugin (provider/, livekit-plugins-omni) and the agent (agent/). No torch.
+# Build arguments and secrets as in worker.Dockerfile (BASE_IMAGE, --secret id=pip_ca, pip's
+# variables). Installs the plugin (provider/) and the agent (agent/) distributions only.
 # Env: LIVEKIT_URL, LIVEKIT_API_KEY, LIVEKIT_API_SECRET, OMNI_URL, OMNI_API_KEY, AGENT_* (docs/agent.md).
-FROM python:3.11-slim-bookworm
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+FROM ${BASE_IMAGE}
 
-RUN useradd --create-home --uid 1000 agent
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+
+RUN useradd --create-home --uid 1000 agent && python3 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+COPY docker/install-requirements.sh docker/requirements.py /opt/build/
 WORKDIR /app
+
+# Dependencies first, in a layer of their own, so code changes reinstall only our two packages.
+COPY provider/pyproject.toml /opt/build/provider/
+COPY agent/pyproject.toml /opt/build/agent/
+RUN --mount=type=cache,id=omni-wheels,target=/wheels --mount=type=secret,id=pip_ca \
+    python /opt/build/requirements.py /opt/build/provider/pyproject.toml /opt/build/agent/pyproject.toml \
+        > /opt/build/agent/requirements.txt \
+    && /opt/build/install-requirements.sh /opt/build/agent/requirements.txt
 
 COPY provider provider
 COPY agent agent
-RUN pip install --no-cache-dir ./provider ./agent && rm -rf provider/build agent/build
+RUN pip install --no-cache-dir --no-index --no-deps --no-build-isolation ./provider ./agent && rm -rf provider agent
 
 ENV PYTHONUNBUFFERED=1 \
     OMNI_URL=ws://127.0.0.1:8000/v1/realtime
@@ -24,4 +39,4 @@ HEALTHCHECK --interval=10s --timeout=3s --start-period=60s \
 
 # `start`: production mode; on SIGTERM it stops taking calls and lets running ones finish
 # (up to AGENT_DRAIN_TIMEOUT_S), so give the container at least that long to stop.
-CMD ["python", "agent/agent.py", "start"]
+CMD ["omni-agent", "start"]

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from typing import Any
 
@@ -38,7 +39,21 @@ def _parser() -> argparse.ArgumentParser:
                        help="engine-specific option, repeatable (values are JSON when they parse as JSON), "
                             "e.g. --engine-option ode_steps=5 --engine-option max_concurrency=4")
     serve.add_argument("--log-level", default="INFO")
+    serve.add_argument("--log-format", choices=("text", "json"), default=os.environ.get("OMNI_LOG_FORMAT", "text"),
+                       help="json: one JSON object per line (time, level, logger, message; env OMNI_LOG_FORMAT)")
     return parser
+
+
+def _log_handler(log_format: str) -> logging.Handler:
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        from pythonjsonlogger.json import JsonFormatter
+
+        handler.setFormatter(JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s",
+                                           rename_fields={"asctime": "time", "levelname": "level", "name": "logger"}))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    return handler
 
 
 def _engine_options(pairs: list[str]) -> dict[str, Any]:
@@ -56,8 +71,7 @@ def _engine_options(pairs: list[str]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level.upper(), handlers=[_log_handler(args.log_format)])
     origins = {} if args.allowed_origins is None else {"allowed_origins": args.allowed_origins}  # else env's
     settings = WorkerSettings(
         engine=args.engine, model=args.model, host=args.host, port=args.port,

@@ -4,7 +4,7 @@ This module is the only place that knows the JSON shape of the protocol. The ses
 (`inference.session`) turns parsed client events into engine calls and answers with the
 server event classes below; nothing else builds or parses wire JSON.
 
-Only the subset in DESIGN.md is modelled. Unknown *fields* are ignored so that newer clients
+Only the subset in docs/architecture.md ("The wire protocol") is modelled. Unknown *fields* are ignored so that newer clients
 keep working; unknown *events* are answered with an `error` by the session.
 
 `decode_client_event` is the edge: size (in bytes) and nesting depth are checked on the raw

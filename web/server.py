@@ -8,6 +8,13 @@ agent, send data). The API secret never leaves this process. Without a room or i
 the query, fresh random names are used, so every visitor gets a room of their own, and the
 agent worker is dispatched to that new room automatically.
 
+POST /token is LiveKit's standard token endpoint (what the client SDKs' endpoint TokenSource
+calls): a JSON body with any of room_name, participant_identity, participant_name and
+room_config (only a dispatch of this server's AGENT_NAME), answered 201 with {server_url,
+participant_token, room_name, participant_identity, participant_name}. What this server does not let
+clients choose (participant_metadata, participant_attributes, other room settings, other
+agents) is refused with 400 and the reason, never silently dropped.
+
 GET / serves the built page from web/dist/ (build it with `npm ci && npm run build` in web/).
 GET /health answers 200 for load balancers.
 
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import logging
 import os
 import re
@@ -44,6 +52,10 @@ DIST_DIR = Path(__file__).resolve().parent / "dist"
 TOKEN_TTL = datetime.timedelta(hours=1)
 # LiveKit accepts more, but a narrow alphabet keeps names safe to log and put in URLs.
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+DISPLAY_NAME_MAX = 128
+# The fields of LiveKit's token endpoint request; the last two are refused (see handle_token_source)
+TOKEN_SOURCE_FIELDS = {"room_name", "participant_identity", "participant_name", "room_config",
+                       "participant_metadata", "participant_attributes"}
 
 
 @dataclass(frozen=True)
@@ -84,7 +96,31 @@ def checked_name(value: str | None, kind: str, prefix: str) -> str:
     return value
 
 
-def create_token(config: TokenConfig, room: str, identity: str) -> str:
+def checked_display_name(value: object, identity: str) -> str:
+    if value is None or value == "":
+        return identity
+    if not isinstance(value, str) or len(value) > DISPLAY_NAME_MAX or not value.isprintable():
+        raise BadRequest(f"participant_name must be printable text of at most {DISPLAY_NAME_MAX} characters")
+    return value
+
+
+def checked_room_config(value: object, config: TokenConfig) -> None:
+    """Clients may only ask for what the token carries anyway: this server's agent, dispatched."""
+    if value is None or value == {}:
+        return
+    agents = value.get("agents") if isinstance(value, dict) else None
+    if not isinstance(value, dict) or set(value) != {"agents"} or not isinstance(agents, list):
+        raise BadRequest("room_config: only `agents` (the dispatch of this server's agent) may be set")
+    for agent in agents:
+        name = agent.get("agent_name") if isinstance(agent, dict) else None
+        if not isinstance(agent, dict) or set(agent) - {"agent_name", "metadata"} or agent.get("metadata"):
+            raise BadRequest("room_config.agents: only agent_name may be set")
+        if name != (config.agent_name or ""):
+            allowed = repr(config.agent_name) if config.agent_name else "none (the agent joins every room)"
+            raise BadRequest(f"room_config.agents: agent {name!r} cannot be dispatched here; allowed: {allowed}")
+
+
+def create_token(config: TokenConfig, room: str, identity: str, name: str | None = None) -> str:
     grants = api.VideoGrants(
         room_join=True,
         room=room,
@@ -95,7 +131,7 @@ def create_token(config: TokenConfig, room: str, identity: str) -> str:
     token = (
         api.AccessToken(config.api_key, config.api_secret)
         .with_identity(identity)
-        .with_name(identity)
+        .with_name(name or identity)
         .with_grants(grants)
         .with_ttl(TOKEN_TTL)
     )
@@ -117,6 +153,40 @@ async def handle_token(request: web.Request) -> web.Response:
     logger.info("issued a token for %s in room %s", identity, room)
     return web.json_response(
         {"url": config.public_url, "token": token, "room": room, "identity": identity},
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+async def handle_token_source(request: web.Request) -> web.Response:
+    """LiveKit's standard token endpoint (POST, JSON in, 201 {server_url, participant_token})."""
+    config = request.app[CONFIG]
+    try:
+        try:
+            body = await request.json() if request.can_read_body else {}
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise BadRequest(f"the body must be a JSON object ({error})") from None
+        if not isinstance(body, dict):
+            raise BadRequest("the body must be a JSON object")
+        if unknown := set(body) - TOKEN_SOURCE_FIELDS:
+            raise BadRequest(f"unknown fields: {', '.join(sorted(unknown))}")
+        for field in ("participant_metadata", "participant_attributes"):
+            if body.get(field):
+                raise BadRequest(f"{field} cannot be set by clients of this server")
+        for field in ("room_name", "participant_identity"):
+            if body.get(field) is not None and not isinstance(body[field], str):
+                raise BadRequest(f"{field} must be a string")
+        room = checked_name(body.get("room_name"), "room_name", "omni")
+        identity = checked_name(body.get("participant_identity"), "participant_identity", "web")
+        name = checked_display_name(body.get("participant_name"), identity)
+        checked_room_config(body.get("room_config"), config)
+    except BadRequest as error:
+        return web.json_response({"error": str(error)}, status=400)
+    token = create_token(config, room, identity, name)
+    logger.info("issued a token for %s in room %s", identity, room)
+    return web.json_response(
+        {"server_url": config.public_url, "participant_token": token, "room_name": room,
+         "participant_identity": identity, "participant_name": name},
+        status=201,
         headers={"Cache-Control": "no-store"},
     )
 
@@ -147,6 +217,7 @@ def create_app(config: TokenConfig, page_dir: Path = DIST_DIR) -> web.Applicatio
     app[CONFIG] = config
     app[PAGE_DIR] = page_dir
     app.router.add_get("/token", handle_token)
+    app.router.add_post("/token", handle_token_source)
     app.router.add_get("/health", handle_health)
     app.router.add_get("/", handle_page_file)
     app.router.add_get("/{name:[A-Za-z0-9_.-]+}", handle_page_file)

@@ -1,4 +1,4 @@
-"""The deployment files cannot be run here (no Docker, no cluster); check them offline."""
+"""The deployment files checked offline (deploy/validate.py); deploy/smoke/run.py runs them."""
 
 import subprocess
 import sys

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -57,6 +58,17 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return resolved
 
 
+def _checked_local_path(model: str) -> str:
+    """A Hugging Face id ("Org/Name") passes as is; something that can only be a path must exist
+    (else transformers answers with a puzzling repo-id error)."""
+    looks_like_a_path = model.startswith(("/", "./", "../", "~")) or model.count("/") > 1
+    path = Path(model).expanduser()
+    if looks_like_a_path and not path.is_dir():
+        raise FileNotFoundError(f"model directory {model} does not exist (--model takes a checkpoint "
+                                "directory, a Hugging Face id such as Qwen/Qwen2.5-Omni-7B, or tiny-random)")
+    return str(path) if path.is_dir() else model
+
+
 def load_model(model: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     """`model` is "tiny-random", a local directory or a Hugging Face id; all load the same way."""
     from transformers import Qwen2_5OmniForConditionalGeneration, Qwen2_5OmniProcessor
@@ -66,7 +78,10 @@ def load_model(model: str, device: torch.device, dtype: torch.dtype) -> LoadedMo
 
         path = str(ensure_tiny_model())
     else:
-        path = model
+        path = _checked_local_path(model)
+        if device.type == "cpu":
+            logger.warning("loading real weights (%s) on the CPU in %s: replies will be far slower than "
+                           "real time; use a GPU (--device cuda) for conversations", model, dtype)
     logger.info("loading %s (%s, %s) …", model, device, dtype)
     started = time.monotonic()
     omni = Qwen2_5OmniForConditionalGeneration.from_pretrained(path, dtype=dtype)

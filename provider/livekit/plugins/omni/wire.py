@@ -1,6 +1,6 @@
 """The JSON the plugin sends to the worker, and LiveKit chat items ⇄ wire conversation items.
 
-The worker speaks the OpenAI Realtime (GA) subset described in DESIGN.md. This module is the
+The worker speaks the OpenAI Realtime (GA) subset described in docs/architecture.md. This module is the
 only place in the plugin that knows the shape of those events; it depends on nothing but
 LiveKit's own types, never on the worker's code.
 """
