@@ -45,10 +45,6 @@ class Conversation:
     def __iter__(self):
         return iter(self._entries)
 
-    @property
-    def last_id(self) -> str | None:
-        return self._entries[-1].item.id if self._entries else None
-
     def get(self, item_id: str) -> Entry:
         for entry in self._entries:
             if entry.item.id == item_id:
