@@ -69,9 +69,19 @@ def test_text_console_answers_without_audio_devices(tmp_path) -> None:
                 return True
         return False
 
+    def prompt_redrawn_since(start: int) -> bool:
+        return b"Type to talk to your agent" in ANSI.sub(b"", output[start:])
+
     try:
         assert read_until(b"Type to talk to your agent", 120), output[-2000:]
         assert read_until(b"call in room", 120), output[-2000:]  # the agent's session is up
+        # livekit-agents' console drops a line typed before its input box is redrawn after the
+        # session starts: wait for that redraw, then type
+        ready_from = len(output)
+        deadline = time.monotonic() + 60
+        while not prompt_redrawn_since(ready_from) and time.monotonic() < deadline:
+            read_until(b"\0never", 0.5)
+        time.sleep(1.0)
         os.write(primary, b"hello there\r")
         assert read_until("● Agent".encode(), 120), output[-3000:]
     finally:
