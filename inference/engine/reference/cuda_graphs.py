@@ -58,3 +58,8 @@ def batch_buckets(largest: int) -> list[int]:
 def bucket_for(batch: int, buckets: list[int]) -> int | None:
     """The smallest bucket holding `batch` rows, or None if it is larger than all."""
     return next((size for size in buckets if size >= batch), None)
+
+
+def capture_each(function: Callable[..., object], keys, pool=None) -> dict:
+    """One graph per key, capturing `function(*key)` (e.g. keys (batch bucket, window))."""
+    return {key: CapturedStep(lambda key=key: function(*key), pool=pool) for key in keys}

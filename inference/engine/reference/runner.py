@@ -23,13 +23,12 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as omni
 
-from .cuda_graphs import CapturedStep, batch_buckets, bucket_for
+from .cuda_graphs import batch_buckets, bucket_for, capture_each
 from .kv_pool import BatchView, KVPool, forward
 from .prompt import Clip, Prompt, audio_features
 from .sampling import SamplingParams, TokenSampler
@@ -201,13 +200,9 @@ class _ChunkForward:
         self.inputs = {size: (torch.zeros((1, size, width), dtype=dtype, device=device),
                               torch.zeros((3, 1, size), dtype=torch.long, device=device),
                               BatchView(pool, 1, size)) for size in self.buckets}
-        self.graphs = {}
-        if cuda_graphs:
-            for size in self.buckets:
-                for window in pool.windows:
-                    if window >= size:
-                        self.graphs[size, window] = CapturedStep(partial(self._run, size, window),
-                                                                 pool=runner.graph_pool)
+        self.graphs = capture_each(self._run, [(size, window) for size in self.buckets
+                                               for window in pool.windows if window >= size],
+                                   runner.graph_pool) if cuda_graphs else {}
 
     def __call__(self, slot: int, inputs: torch.Tensor, positions: torch.Tensor,
                  start: int) -> torch.Tensor:
@@ -249,12 +244,9 @@ class _ThinkerDecode:
             self.inputs[batch] = (torch.zeros((batch, 1), dtype=torch.long, device=device),
                                   torch.zeros((3, batch, 1), dtype=torch.long, device=device),
                                   BatchView(pool, batch, 1))
-        self.graphs = {}
-        if cuda_graphs:
-            for batch in runner.buckets:
-                for window in pool.windows:
-                    self.graphs[batch, window] = CapturedStep(partial(self._run, batch, window),
-                                                              pool=runner.graph_pool)
+        self.graphs = capture_each(self._run, [(batch, window) for batch in runner.buckets
+                                               for window in pool.windows],
+                                   runner.graph_pool) if cuda_graphs else {}
 
     def __call__(self, slots, tokens, lengths, rope_deltas):
         count = len(slots)
@@ -300,12 +292,9 @@ class _TalkerDecode:
                 view=BatchView(pool, batch, 1),
                 noise=torch.ones((batch, vocab), dtype=torch.float32, device=device),
                 mask_end=torch.zeros((batch, 1), dtype=torch.bool, device=device))
-        self.graphs = {}
-        if cuda_graphs:
-            for batch in runner.buckets:
-                for window in pool.windows:
-                    self.graphs[batch, window] = CapturedStep(partial(self._run, batch, window),
-                                                              pool=runner.graph_pool)
+        self.graphs = capture_each(self._run, [(batch, window) for batch in runner.buckets
+                                               for window in pool.windows],
+                                   runner.graph_pool) if cuda_graphs else {}
 
     def __call__(self, slots, codes, inputs, lengths, rope_deltas, end_masked, generators):
         count = len(slots)

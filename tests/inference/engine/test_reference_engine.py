@@ -434,10 +434,10 @@ async def test_the_graph_path_gives_the_eager_replies(greedy, codes_by_request, 
     """The CUDA-graph path's logic on the CPU (static buffers per batch bucket, padding rows,
     attention windows, batched DiT and vocoder buffers), every "graph" replayed eagerly, gives
     the eager path's replies. Windows are small so decoding crosses from one to the next."""
-    from inference.engine.reference import kv_pool, runner, token2wav_runner
+    from inference.engine.reference import cuda_graphs, kv_pool, token2wav_runner
 
     monkeypatch.setattr(kv_pool, "SMALLEST_WINDOW", 41)
-    for module in (runner, token2wav_runner):
+    for module in (cuda_graphs, token2wav_runner):
         monkeypatch.setattr(module, "CapturedStep", EagerGraph)
     graphed = create_engine("reference", "tiny-random", seed=7, max_audio_seconds=2.0,
                             min_audio_seconds=1.0, ode_steps=4, max_new_tokens=64, warmup=False,
