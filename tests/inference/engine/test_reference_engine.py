@@ -448,11 +448,8 @@ async def test_the_graph_path_gives_the_eager_replies(greedy, codes_by_request, 
     try:
         assert graphed.runner.thinker_decode.graphs and graphed.runner.token2wav.graphed["ode"]
         requests = turns(seed=90)[:3]
-        for i, req in enumerate(requests):
-            req.request_id = f"eager-{i}"
-        eager = [outcome(await collect(greedy, req), codes_by_request[req.request_id]) for req in requests]
-        for i, req in enumerate(requests):
-            req.request_id = f"graphed-{i}"
+        eager = await each_alone(greedy, requests, "eager", codes_by_request)
+        tagged(requests, "graphed")
         results = await asyncio.gather(*(collect(graphed, req) for req in requests))
         for i, deltas in enumerate(results):
             assert_same_reply(outcome(deltas, codes_by_request[f"graphed-{i}"]), eager[i])
@@ -599,6 +596,18 @@ def assert_same_reply(got, expected) -> None:
     np.testing.assert_allclose(audio, expected_audio, atol=2e-4)
 
 
+def tagged(requests: list[GenerationRequest], tag: str) -> list[GenerationRequest]:
+    """The requests with ids `tag-0`, `tag-1`, … (the codes recorded are kept by id)."""
+    for i, req in enumerate(requests):
+        req.request_id = f"{tag}-{i}"
+    return requests
+
+
+async def each_alone(engine, requests, tag: str, codes: dict) -> list:
+    """Each request run by itself, one after another: (text, codes, audio) of each."""
+    return [outcome(await collect(engine, req), codes[req.request_id]) for req in tagged(requests, tag)]
+
+
 def turns(seed: int) -> list[GenerationRequest]:
     """Four different first turns (different audio, text and lengths)."""
     return [request(context=[UserAudio(speech(0.6 + 0.3 * i, seed=seed + i)), UserText(f"Turn {i}")],
@@ -611,11 +620,8 @@ async def test_concurrent_replies_batched_equal_each_reply_alone(greedy, codes_b
     in one batch, DiT windows and vocoder chunks batched) give each reply's text tokens, codec
     codes and audio as when it runs alone."""
     requests = turns(seed=20)
-    for i, req in enumerate(requests):
-        req.request_id = f"alone-{i}"
-    alone = [outcome(await collect(greedy, req), codes_by_request[req.request_id]) for req in requests]
-    for i, req in enumerate(requests):
-        req.request_id = f"batched-{i}"
+    alone = await each_alone(greedy, requests, "alone", codes_by_request)
+    tagged(requests, "batched")
     greedy.core.largest_batch = 0
     results = await asyncio.gather(*(collect(greedy, req) for req in requests))
     assert greedy.core.largest_batch >= 3  # they really ran as one batch
@@ -628,11 +634,8 @@ async def test_concurrent_replies_batched_equal_each_reply_alone(greedy, codes_b
 @asyncio_module
 async def test_cancelling_one_reply_leaves_the_others_unchanged(greedy, codes_by_request):
     requests = turns(seed=40)[:3]
-    for i, req in enumerate(requests):
-        req.request_id = f"solo-{i}"
-    alone = [outcome(await collect(greedy, req), codes_by_request[req.request_id]) for req in requests]
-    for i, req in enumerate(requests):
-        req.request_id = f"together-{i}"
+    alone = await each_alone(greedy, requests, "solo", codes_by_request)
+    tagged(requests, "together")
 
     async def cancelled_after_first_audio(req):
         generation = greedy.generate(req)
