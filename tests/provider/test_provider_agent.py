@@ -93,6 +93,13 @@ class Harness:
 
         await asyncio.wait_for(poll(), timeout)
 
+    async def wait_for_replies(self, count: int) -> None:
+        """Until `count` replies were played out and are in the session's history.
+
+        The session adds a reply to its history only after its playout finished, a few loop
+        turns after the speaker reported the end: waiting for the speaker alone races it."""
+        await self.wait_for(lambda: len(self.speaker.finished) >= count and len(self.assistant_messages()) >= count)
+
     def events(self, event_type: str) -> list[dict[str, Any]]:
         return [e for e in self.server_events if e["type"] == event_type]
 
@@ -132,7 +139,7 @@ async def agent_session(worker: WorkerProcess, vad: silero.VAD, *, max_output_to
 async def test_spoken_turn_is_answered_with_played_back_audio(worker, vad):
     async with agent_session(worker, vad) as h:
         h.say()
-        await h.wait_for(lambda: h.speaker.finished)
+        await h.wait_for_replies(1)
 
         [finished] = h.speaker.finished
         assert not finished.interrupted and finished.playback_position >= 1.9  # 2 s of speech at least
@@ -220,7 +227,7 @@ async def test_worker_restart_mid_conversation(tmp_path, vad):
     try:
         async with agent_session(worker, vad, conn_options=patient) as h:
             h.say()
-            await h.wait_for(lambda: h.speaker.finished)
+            await h.wait_for_replies(1)
             first_turn = h.rt.chat_ctx.items[0].content[0]
             first_tokens = h.metrics[0].input_token_details.audio_tokens
 
@@ -230,8 +237,8 @@ async def test_worker_restart_mid_conversation(tmp_path, vad):
             await asyncio.wait_for(h.reconnected.wait(), WAIT_S)
 
             h.say(RECALL)
-            await h.wait_for(lambda: len(h.speaker.finished) == 2)
-            assert not h.speaker.finished[1].interrupted and h.speaker.finished[1].playback_position >= 1.9
+            await h.wait_for_replies(2)
+            assert len(h.speaker.finished) == 2 and not h.speaker.finished[1].interrupted and h.speaker.finished[1].playback_position >= 1.9
             assert all(e.recoverable for e in h.errors)
             assert len(h.assistant_messages()) == 2
 
