@@ -36,13 +36,18 @@ from .talker import codes_per_second, max_codes_for
 
 logger = logging.getLogger(__name__)
 
-# Chunk-plan defaults. On a CPU: what the offline model does (10 ODE steps, look-ahead for
-# every chunk). On a GPU: chunks of 0.24 s, the first with 3 ODE steps, later ones with 5, each
-# with one block of look-ahead. Without the first chunk's look-ahead (first_lookahead_blocks=0)
-# audio starts ~150 ms sooner but a listener hears a ~160 ms gap after the first 0.24 s, so
-# gap-free is the default. Fewer ODE steps make rougher audio; see docs/reference-engine.md.
-CPU_STREAMING = dict(ode_steps=10, chunk_blocks=2, first_lookahead_blocks=None, first_ode_steps=None)
-GPU_STREAMING = dict(ode_steps=5, chunk_blocks=1, first_lookahead_blocks=1, first_ode_steps=3)
+# Chunk-plan defaults, the same on every device: later chunks with 5 ODE steps, the first (the
+# one a listener waits for) with 3, each with one block of look-ahead (transformers' offline
+# model runs 10 steps; fewer make rougher audio, see docs/reference-engine.md). Chunks are 0.24 s
+# on a GPU and 0.48 s on a CPU, where each window's fixed cost weighs more. Without the first
+# chunk's look-ahead (first_lookahead_blocks=0) audio starts ~150 ms sooner but a listener hears
+# a ~160 ms gap after the first 0.24 s, so gap-free is the default.
+ODE_STEPS, FIRST_ODE_STEPS = 5, 3
+
+
+def default_chunk_blocks(cuda: bool) -> int:
+    return 1 if cuda else 2
+
 
 MAX_SLOTS = 64
 
@@ -83,14 +88,14 @@ class ReferenceEngine(OmniEngine):
         (generate's `talker_min_new_tokens`; default 0). Tests use it: a random talker may
         end after a few codes.
       max_tool_argument_tokens: length budget of a forced tool call's arguments (default 256).
-      ode_steps: token2wav DiT ODE steps per chunk (default 10 on cpu, as in transformers;
-        5 on cuda; fewer is faster and rougher).
+      ode_steps: token2wav DiT ODE steps per chunk (default 5; transformers runs 10; fewer
+        is faster and rougher).
       first_chunk_blocks, chunk_blocks: audio chunk sizes in DiT blocks of 24 mel frames
         (0.24 s, 12 talker codes); the first chunk is small so audio starts early (defaults
         1, and 2 on cpu / 1 on cuda).
       lookahead_blocks, lookback_blocks: DiT context around each chunk (defaults 1 and 2).
-      first_lookahead_blocks, first_ode_steps: the same for the first chunk only (default:
-        as the others on cpu; 1 and 3 on cuda). The first chunk waits for
+      first_lookahead_blocks, first_ode_steps: the same for the first chunk only (defaults:
+        as lookahead_blocks, and 3). The first chunk waits for
         (first_chunk_blocks + first_lookahead_blocks) × 12 codes, one decode step each, so
         these set most of the time to first audio.
       cuda_graphs: capture the thinker's and talker's decode steps per (batch-size bucket,
@@ -153,13 +158,9 @@ class ReferenceEngine(OmniEngine):
         self.token2wav_interval_s = token2wav_interval_s
         self.token2wav_dtype = resolve_dtype(token2wav_dtype, self.device)
         self.encoder_cache_bytes = encoder_cache_mb << 20
-        streaming = GPU_STREAMING if cuda else CPU_STREAMING
-        ode_steps = streaming["ode_steps"] if ode_steps is None else ode_steps
-        chunk_blocks = streaming["chunk_blocks"] if chunk_blocks is None else chunk_blocks
-        if first_lookahead_blocks is None:
-            first_lookahead_blocks = streaming["first_lookahead_blocks"]
-        if first_ode_steps is None:
-            first_ode_steps = streaming["first_ode_steps"]
+        ode_steps = ODE_STEPS if ode_steps is None else ode_steps
+        first_ode_steps = FIRST_ODE_STEPS if first_ode_steps is None else first_ode_steps
+        chunk_blocks = default_chunk_blocks(cuda) if chunk_blocks is None else chunk_blocks
         self.settings = GenerationSettings(
             max_new_tokens=max_new_tokens, max_audio_seconds=max_audio_seconds,
             min_audio_seconds=min_audio_seconds, talker_sampling=TALKER_SAMPLING,

@@ -188,6 +188,11 @@ class Reply:
     def wants_talker_step(self) -> bool:
         return self.phase is Phase.DECODING and self.talker is not None and self.talker.wants_step
 
+    @property
+    def waits_for_first_audio(self) -> bool:
+        """A spoken reply whose listener has heard nothing yet (and may still hear something)."""
+        return self.talker is not None and self.first_audio_at is None and not self.talker_finished
+
     def wants_token2wav(self) -> bool:
         """A chunk's codes are there, or the codes are complete and some are not yet audio."""
         if self.audio is None or self.phase is not Phase.DECODING:

@@ -160,7 +160,11 @@ class Scheduler:
             count = min(reply.prefill_left, budget)
             plan.prefill.append((reply, reply.prefilled, reply.prefilled + count))
             budget -= count
-        plan.thinker = [r for r in self.running if r.wants_thinker_step]
+        # background decode steps wait while a listener waits for a first packet: where a
+        # batch row costs something (a CPU, a full GPU) they would delay it
+        hold_background = any(r.waits_for_first_audio for r in self.running if not r.background)
+        plan.thinker = [r for r in self.running
+                        if r.wants_thinker_step and not (r.background and hold_background)]
         return plan
 
     def talker_batch(self) -> list[Reply]:
