@@ -258,6 +258,10 @@ def main() -> None:
     p.add_argument("--engine", default="reference")
     p.add_argument("--agent-env", action="append", default=[], metavar="NAME=VALUE",
                    help="a setting for the agent this starts, e.g. AGENT_SPECULATIVE_REPLIES=false")
+    p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an engine option for the worker this starts, e.g. first_lookahead_blocks=0")
+    p.add_argument("--worker-log-level", default="INFO",
+                   help="DEBUG logs each reply's timings (time to first audio, phase by phase)")
     p.add_argument("--json", help="also write the raw samples here (e.g. bench/results/voice_to_voice.json)")
     args = p.parse_args()
 
@@ -268,7 +272,9 @@ def main() -> None:
         agent_env = dict(item.split("=", 1) for item in args.agent_env)
         with Stack(echo=None, log_dir=log_dir, say=lambda m: print(f"[stack] {m}", flush=True)) as stack:
             stack.start(livekit_server(17885, 17886, 17887))
-            extra = TINY_RANDOM_REPLY if args.model == "tiny-random" else ()
+            extra = (*(TINY_RANDOM_REPLY if args.model == "tiny-random" else ()),
+                     *(arg for option in args.engine_option for arg in ("--engine-option", option)),
+                     "--log-level", args.worker_log_level)
             stack.start(omni_worker(18330, model=args.model, engine=args.engine, extra_args=extra))
             stack.start(voice_agent(livekit_url="ws://127.0.0.1:17885", omni_url="ws://127.0.0.1:18330/v1/realtime",
                                     env=agent_env))

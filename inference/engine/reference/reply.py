@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import json
+import logging
 import math
 import secrets
 import time
@@ -35,6 +36,8 @@ from .phases import PhaseClock
 from .prompt import Prompt
 from .sampling import SamplingParams, TokenSampler
 from .token2wav_stream import ChunkPlan, StreamingToken2Wav, Token2WavShape
+
+logger = logging.getLogger(__name__)
 
 # Finished.timings entries measured between PhaseClock marks (GPU time on CUDA): the path to
 # the first audio, phase by phase.
@@ -304,6 +307,9 @@ class Reply:
                 t[name] = seconds
         if self.audio is not None and self.audio.first_chunk_codes:
             t["first_chunk_codes"] = float(self.audio.first_chunk_codes)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("reply %s (%s) done: %s", self.request.request_id, self.request.priority,
+                         "  ".join(f"{name} {value:.3f}" for name, value in t.items()))
         # a forced call's teacher-forced envelope went through the prefill but belongs to the reply
         envelope = len(self.tokenizer.encode(self.prepared.forced_prefix, add_special_tokens=False))
         output_tokens = self.forced_fixed + len(self.forced_ids) if self.forced else self.reply_tokens

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -168,8 +169,10 @@ async def test_audio_streams_while_text_is_still_coming(engine):
 
 
 @asyncio_module
-async def test_audio_is_24khz_float32(engine):
-    deltas = await collect(engine, request(max_output_tokens=30))
+async def test_audio_is_24khz_float32(engine, caplog):
+    caplog.set_level(logging.DEBUG, "inference.engine.reference.reply")
+    req = request(max_output_tokens=30)
+    deltas = await collect(engine, req)
     audio = audio_of(deltas)
     finished = deltas[-1]
     assert audio.dtype == np.float32 and audio.ndim == 1 and len(audio) > 0
@@ -185,6 +188,9 @@ async def test_audio_is_24khz_float32(engine):
         assert finished.timings[key] >= 0, key
     # default plan: the first chunk (1 block = 12 codes) waits for 1 block of look-ahead
     assert finished.timings["first_chunk_codes"] == 24
+    # the worker's debug log has the same timings, one line per reply
+    [line] = [r.getMessage() for r in caplog.records if req.request_id in r.getMessage()]
+    assert f"first_audio_s {finished.timings['first_audio_s']:.3f}" in line
 
 
 @asyncio_module
