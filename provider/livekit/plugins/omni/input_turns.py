@@ -3,6 +3,15 @@
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TrimInput:
+    """Outbox marker: keep only the last `keep_bytes` of the worker's input buffer. Done by the
+    sender, because only there is it known what the buffer holds."""
+
+    keep_bytes: int
 
 
 class InputTurns:
@@ -10,6 +19,8 @@ class InputTurns:
 
     - `pushed_samples`: 16 kHz samples given since the last commit or clear (the worker refuses
       commits under 100 ms, so the session checks before committing);
+    - `speech_heard`: the VAD heard the user speak since the last commit or clear (the turn's
+      first speech trims the silence before it; later speech must keep the turn whole);
     - `on_socket`: audio appended on this socket and not committed: what the worker's input
       buffer holds;
     - `committing`: commits sent and not acknowledged, with their audio;
@@ -19,9 +30,15 @@ class InputTurns:
 
     def __init__(self) -> None:
         self.pushed_samples = 0
+        self.speech_heard = False
         self.on_socket = bytearray()
         self.committing: deque[tuple[str, bytes]] = deque()
         self.committed: dict[str, bytes] = {}
+
+    def new_turn(self) -> None:
+        """A commit or clear was given: what comes next is the next turn's."""
+        self.pushed_samples = 0
+        self.speech_heard = False
 
     def appended(self, pcm: bytes) -> None:
         self.on_socket += pcm
@@ -32,6 +49,13 @@ class InputTurns:
 
     def clear_sent(self) -> None:
         self.on_socket.clear()
+
+    def trim_sent(self, keep_bytes: int) -> bytes | None:
+        """The audio to append again after a clear, to keep only the last `keep_bytes` of the
+        worker's input buffer; None when it holds no more than that."""
+        if len(self.on_socket) <= keep_bytes:
+            return None
+        return bytes(self.on_socket[len(self.on_socket) - keep_bytes:])
 
     def acknowledged(self, item_id: str) -> bytes:
         """The worker committed the oldest commit in flight as `item_id`; returns its audio."""

@@ -37,7 +37,7 @@ from livekit.agents.voice.generation import remove_instructions
 from . import audio, wire
 from .connection import FATAL_ERROR_CODES, connect
 from .generation import FunctionCallState, Generation, MessageStreams, response_metrics
-from .input_turns import InputTurns
+from .input_turns import InputTurns, TrimInput
 from .item_ops import ItemOp, ItemOps
 from .log import logger
 from .options import ModelOptions, retry_delay
@@ -47,6 +47,9 @@ from .speculation import RewindInput, Speculation, SpeculativeReplies, adopted_f
 
 MIN_COMMIT_SAMPLES = audio.INPUT_SAMPLE_RATE // 10  # the worker refuses commits under 100 ms
 REPLAY_APPEND_BYTES = 5 * audio.INPUT_SAMPLE_RATE * 2  # 5 s per append (the worker takes 10 s)
+# Input kept before a turn's first speech: the VAD reports speech a few hundred ms after it
+# began (more on a loaded machine), and a word's onset must not be cut.
+TURN_PADDING_S = 1.0
 MAX_EVENT_BYTES = 2 * 1024 * 1024  # the worker's default limit on one event (OMNI_LIMIT_MAX_EVENT_BYTES)
 # Worker errors that only mean a race we already handle (e.g. cancelling a response that has
 # just finished): logged, not reported.
@@ -56,7 +59,7 @@ RACE_ERROR_CODES = frozenset({"response_cancel_not_active"})
 # each speculative reply ({"outcome": "started" | "used" | "discarded", and the counts so far})
 ServerEvents = Literal["omni_server_event_received", "omni_client_event_queued", "omni_speculative_reply"]
 
-OutboxItem = wire.Event | bytes | RewindInput
+OutboxItem = wire.Event | bytes | RewindInput | TrimInput
 
 
 class RealtimeSession(llm.RealtimeSession[ServerEvents]):
@@ -218,7 +221,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             self._send_input(chunk)
         if self._turns.pushed_samples >= MIN_COMMIT_SAMPLES:
             self._send(wire.commit_audio())
-            self._turns.pushed_samples = 0
+            self._turns.new_turn()
 
     def clear_audio(self) -> None:
         if (spec := self._speculation.current) is not None and not spec.confirmed:
@@ -343,7 +346,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
                            samples=self._turns.pushed_samples)
         self._speculation.current = spec
         self._send(commit)
-        self._turns.pushed_samples = 0
+        self._turns.new_turn()
         self._send(wire.create_response(spec.create_id, instructions=None, tool_choice=None, tools=None))
         self.emit("omni_speculative_reply", self._speculation.count("started"))
         return True
@@ -352,6 +355,23 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         """The user goes on speaking: the speculative reply goes, its turn is reopened."""
         if (spec := self._speculation.current) is not None and not spec.confirmed:
             self._withdraw(spec, keep_audio=True)
+
+    def user_started_speaking(self) -> None:
+        """The VAD heard the user start speaking. Speech that goes on after a speculative
+        commit reopens that turn (`cancel_speculative_reply`). A turn's first speech drops all
+        but the last `TURN_PADDING_S` of the input before it: the framework streams the
+        microphone all the time, so without this every turn would also carry the silence of
+        the agent's whole reply before it (context, prefill and transcription for nothing)."""
+        first_speech = not self._turns.speech_heard and self._speculation.current is None
+        self.cancel_speculative_reply()
+        self._turns.speech_heard = True
+        keep = int(TURN_PADDING_S * audio.INPUT_SAMPLE_RATE)
+        if first_speech:
+            for chunk in self._input.flush():  # what the resampler holds is before the speech
+                self._send_input(chunk)
+        if first_speech and self._turns.pushed_samples > keep:
+            self._send(TrimInput(keep_bytes=2 * keep))
+            self._turns.pushed_samples = keep
 
     def _adopt(self, spec: Speculation) -> asyncio.Future[llm.GenerationCreatedEvent]:
         """Hand the held reply to the framework, as the answer to its generate_reply."""
@@ -400,6 +420,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         if keep_audio:
             self._send(RewindInput(spec))
             self._turns.pushed_samples += spec.samples
+            self._turns.speech_heard = True
         self.emit("omni_speculative_reply", self._speculation.count("discarded"))
 
     def _release_user_turn(self, spec: Speculation) -> None:
@@ -436,10 +457,16 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
     def _drop_input(self) -> None:
         self._input.clear()
         self._send(wire.clear_audio())
-        self._turns.pushed_samples = 0
+        self._turns.new_turn()
 
     async def _send_now(self, ws: aiohttp.ClientWebSocketResponse, item: OutboxItem) -> None:
         """Write one event to the socket, noting what the worker now holds."""
+        if isinstance(item, TrimInput):
+            if (kept := self._turns.trim_sent(item.keep_bytes)) is not None:
+                await self._send_now(ws, wire.clear_audio())
+                for start in range(0, len(kept), REPLAY_APPEND_BYTES):
+                    await self._send_now(ws, kept[start:start + REPLAY_APPEND_BYTES])
+            return
         if isinstance(item, RewindInput):
             since = bytes(self._turns.on_socket)
             await self._send_now(ws, wire.clear_audio())
@@ -735,6 +762,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             self._speculation.current = None
             self._turns.refused(event_id)
             self._turns.pushed_samples += spec.samples
+            self._turns.speech_heard = True
             self._replies.discarded.add(spec.create_id)
             self._send(wire.cancel_response(None))
             self.emit("omni_speculative_reply", self._speculation.count("discarded"))

@@ -5,7 +5,8 @@ livekit-agents 1.8 tells a RealtimeSession nothing at the VAD's end of speech: i
 (AgentActivity._user_turn_completed_task). The AgentSession does report the VAD's view as
 `user_state_changed` (speaking → listening at the end of speech, back to speaking when the
 user goes on), so this listens there and calls the session's `start_speculative_reply()` and
-`cancel_speculative_reply()`.
+`user_started_speaking()` (which reopens a speculative turn, and trims the silence before a
+turn's first speech).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class SpeculativeReplyTrigger:
         if rt is None:
             return
         if ev.new_state == "speaking":
-            rt.cancel_speculative_reply()
+            rt.user_started_speaking()
         elif ev.old_state == "speaking" and not self._reply_under_way():
             if rt.start_speculative_reply():
                 logger.debug("speculative reply started at the end of speech")
