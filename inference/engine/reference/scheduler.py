@@ -149,20 +149,18 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         self._admit()
         plan = StepPlan()
+        # Background work (prefill chunks and decode steps) waits while a listener waits for a
+        # first packet: where it costs something (a CPU, a full GPU) it would delay that packet.
+        hold_background = any(r.waits_for_first_audio for r in self.running if not r.background)
         budget = self.prefill_chunk_tokens
         prefilling = [r for r in self.running if r.phase is Phase.PREFILL]
-        realtime_first = sorted(prefilling, key=lambda r: (r.background, r.arrived))
-        for reply in realtime_first:
-            if budget <= 0:
+        realtime_prefilling = any(not r.background for r in prefilling)
+        for reply in sorted(prefilling, key=lambda r: (r.background, r.arrived)):
+            if budget <= 0 or (reply.background and (hold_background or realtime_prefilling)):
                 break
-            if reply.background and any(not r.background for r in prefilling):
-                break  # background prompts only when no realtime prompt needs the budget
             count = min(reply.prefill_left, budget)
             plan.prefill.append((reply, reply.prefilled, reply.prefilled + count))
             budget -= count
-        # background decode steps wait while a listener waits for a first packet: where a
-        # batch row costs something (a CPU, a full GPU) they would delay it
-        hold_background = any(r.waits_for_first_audio for r in self.running if not r.background)
         plan.thinker = [r for r in self.running
                         if r.wants_thinker_step and not (r.background and hold_background)]
         return plan

@@ -831,22 +831,27 @@ async def test_background_work_waits_for_realtime_replies(greedy):
     assert scheduler.running == [realtime] and list(scheduler.waiting) == [background]
 
 
-def test_background_decode_waits_while_a_listener_waits_for_a_first_packet():
+def test_background_work_waits_while_a_listener_waits_for_a_first_packet():
     from inference.engine.reference.reply import Phase
     from inference.engine.reference.scheduler import Scheduler, SlotTable
 
     class Stub:
-        def __init__(self, background, waits_for_first_audio):
+        def __init__(self, background, waits_for_first_audio, phase=Phase.DECODING):
             self.background, self.waits_for_first_audio = background, waits_for_first_audio
-            self.phase, self.wants_thinker_step = Phase.DECODING, True
+            self.phase, self.wants_thinker_step = phase, phase is Phase.DECODING
+            self.arrived, self.prefilled, self.prefill_left = 0.0, 0, 100
 
-    scheduler = Scheduler(SlotTable(3), prefill_chunk_tokens=8, max_waiting=4,
+    scheduler = Scheduler(SlotTable(4), prefill_chunk_tokens=8, max_waiting=4,
                           max_queue_wait_s=1, playback_margin_s=0.5)
     transcription, first, speaking = Stub(True, False), Stub(False, True), Stub(False, False)
-    scheduler.running = [transcription, first, speaking]
-    assert scheduler.schedule().thinker == [first, speaking]
+    next_transcription = Stub(True, False, Phase.PREFILL)
+    scheduler.running = [transcription, first, speaking, next_transcription]
+    plan = scheduler.schedule()
+    assert plan.thinker == [first, speaking] and plan.prefill == []
     first.waits_for_first_audio = False  # its first packet went out
-    assert scheduler.schedule().thinker == [transcription, first, speaking]
+    plan = scheduler.schedule()
+    assert plan.thinker == [transcription, first, speaking]
+    assert plan.prefill == [(next_transcription, 0, 8)]
 
 
 def test_the_slot_table_caches_prefixes_and_evicts_the_least_recently_used():
