@@ -56,7 +56,6 @@ QUESTIONS = ["e2e_q1_time.wav", "e2e_q2_weather.wav", "e2e_q3_recall.wav", "e2e_
 BARGE_IN = "e2e_stop.wav"
 BARGE_IN_AFTER_S = 0.4  # into the agent's reply
 REPLY_TIMEOUT_S = 90.0
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 @dataclass
