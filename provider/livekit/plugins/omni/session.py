@@ -365,11 +365,12 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         first_speech = not self._turns.speech_heard and self._speculation.current is None
         self.cancel_speculative_reply()
         self._turns.speech_heard = True
+        if not first_speech:
+            return
+        for chunk in self._input.flush():  # what the resampler holds came before the speech
+            self._send_input(chunk)
         keep = int(TURN_PADDING_S * audio.INPUT_SAMPLE_RATE)
-        if first_speech:
-            for chunk in self._input.flush():  # what the resampler holds is before the speech
-                self._send_input(chunk)
-        if first_speech and self._turns.pushed_samples > keep:
+        if self._turns.pushed_samples > keep:
             self._send(TrimInput(keep_bytes=2 * keep))
             self._turns.pushed_samples = keep
 
