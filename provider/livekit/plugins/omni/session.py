@@ -460,20 +460,20 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         self._send(wire.clear_audio())
         self._turns.new_turn()
 
+    async def _replace_input(self, ws: aiohttp.ClientWebSocketResponse, pcm: bytes) -> None:
+        """Make `pcm` all that the worker's input buffer holds."""
+        await self._send_now(ws, wire.clear_audio())
+        for start in range(0, len(pcm), REPLAY_APPEND_BYTES):
+            await self._send_now(ws, pcm[start:start + REPLAY_APPEND_BYTES])
+
     async def _send_now(self, ws: aiohttp.ClientWebSocketResponse, item: OutboxItem) -> None:
         """Write one event to the socket, noting what the worker now holds."""
         if isinstance(item, TrimInput):
             if (kept := self._turns.trim_sent(item.keep_bytes)) is not None:
-                await self._send_now(ws, wire.clear_audio())
-                for start in range(0, len(kept), REPLAY_APPEND_BYTES):
-                    await self._send_now(ws, kept[start:start + REPLAY_APPEND_BYTES])
+                await self._replace_input(ws, kept)
             return
         if isinstance(item, RewindInput):
-            since = bytes(self._turns.on_socket)
-            await self._send_now(ws, wire.clear_audio())
-            pcm = (item.speculation.audio or b"") + since
-            for start in range(0, len(pcm), REPLAY_APPEND_BYTES):
-                await self._send_now(ws, pcm[start:start + REPLAY_APPEND_BYTES])
+            await self._replace_input(ws, (item.speculation.audio or b"") + bytes(self._turns.on_socket))
             return
         if isinstance(item, bytes):
             event = wire.append_audio(item)
