@@ -233,7 +233,9 @@ def wait_agent_available(agent_http: str, timeout: float) -> None:
         with contextlib.suppress(OSError, ValueError):
             with urllib.request.urlopen(f"{agent_http}/worker", timeout=2) as r:
                 if json.load(r).get("worker_load", 0.0) < 0.999:  # AGENT_LOAD_THRESHOLD's default
-                    time.sleep(1.0)  # the status update that goes with it reaches LiveKit
+                    # the status update that goes with it reaches LiveKit later: 1.1 s once in
+                    # the pod (2026-12-01), and a room created before it is never dispatched
+                    time.sleep(3.0)
                     return
         time.sleep(1.0)
     raise SmokeError(f"the agent did not become available within {timeout:.0f} s ({agent_http}/worker)")
