@@ -196,8 +196,11 @@ async def test_short_burst_pauses_then_resumes_the_same_reply(local_stack: Local
         print(f"\nburst of {ignored['speech_s'] * 1000:.0f} ms: agent paused "
               f"{(paused['at'] - burst.started_at) * 1000:.0f} ms after it started, "
               f"resumed {(back - paused['at']) * 1000:.0f} ms later")
-        # The audio really paused at the caller: nothing voiced between the pause and the resume.
-        gap = [t for t in audio.voiced_at if paused["at"] + 0.2 < t < resumed["at"]]
+        # The audio really paused at the caller: nothing voiced between the pause and the
+        # resume, but for what was already on its way when the agent paused (its stop latency:
+        # p95 0.16-0.3 s on this 2-core machine in bench/voice_to_voice.py; one frame came
+        # 0.2 s after the pause in a full run here).
+        gap = [t for t in audio.voiced_at if paused["at"] + 0.35 < t < resumed["at"]]
         assert not gap, f"agent audio kept playing during the pause ({len(gap)} voiced frames)"
 
         # The same reply went on to its end: the burst was no turn, and nothing was cancelled.
