@@ -25,10 +25,12 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 
-from .caller import Caller, load_wav
+from .caller import AgentAudio, Caller, load_wav
 from .conftest import LocalStack
 
 pytestmark = pytest.mark.e2e
@@ -37,21 +39,24 @@ REPLY_TIMEOUT_S = 60.0  # two busy CPU cores, a cold job process: generous
 PAUSE_S = 0.7  # mid-sentence: over the VAD's 0.25 s silence, under the unsure detector's 2.5 s
 
 
-async def join_and_wait_for_greeting(stack: LocalStack, test_name: str) -> Caller:
+@asynccontextmanager
+async def greeted_call(stack: LocalStack, test_name: str) -> AsyncIterator[tuple[Caller, AgentAudio]]:
+    """A caller in a new room, once the agent's greeting is over; it leaves at the end."""
     caller = await Caller.join(stack.livekit_url, f"{test_name}-{uuid.uuid4().hex[:8]}")
-    await caller.wait_for_agent(timeout=REPLY_TIMEOUT_S)
-    # The agent greets first (AGENT_GREETING); start talking once that reply is over.
-    await caller.wait_until_agent_listening(after=0.0, timeout=REPLY_TIMEOUT_S)
-    assert caller.agent_audio is not None
-    await caller.agent_audio.quiet_after(time.time(), quiet_s=0.5, timeout=REPLY_TIMEOUT_S)
-    return caller
+    try:
+        await caller.wait_for_agent(timeout=REPLY_TIMEOUT_S)
+        # The agent greets first (AGENT_GREETING); start talking once that reply is over.
+        await caller.wait_until_agent_listening(after=0.0, timeout=REPLY_TIMEOUT_S)
+        audio = caller.agent_audio
+        assert audio is not None
+        await audio.quiet_after(time.time(), quiet_s=0.5, timeout=REPLY_TIMEOUT_S)
+        yield caller, audio
+    finally:
+        await caller.aclose()
 
 
 async def test_agent_answers_speech_with_audio_and_transcripts(local_stack: LocalStack) -> None:
-    caller = await join_and_wait_for_greeting(local_stack, "answer")
-    audio = caller.agent_audio
-    assert audio is not None
-    try:
+    async with greeted_call(local_stack, "answer") as (caller, audio):
         transcripts_before = len(caller.agent_transcripts())
         said = await caller.mic.say(load_wav("e2e_q1_time.wav"))
         first_audio = await audio.first_voice_after(said.ended_at, timeout=REPLY_TIMEOUT_S)
@@ -83,15 +88,10 @@ async def test_agent_answers_speech_with_audio_and_transcripts(local_stack: Loca
         while time.monotonic() < deadline and not any(t.final for t in caller.user_transcripts()):
             await asyncio.sleep(0.05)
         assert any(t.final for t in caller.user_transcripts()), f"no final user transcript: {caller.transcripts}"
-    finally:
-        await caller.aclose()
 
 
 async def test_a_pause_mid_sentence_gets_one_reply_to_the_whole_sentence(local_stack: LocalStack) -> None:
-    caller = await join_and_wait_for_greeting(local_stack, "pause")
-    audio = caller.agent_audio
-    assert audio is not None
-    try:
+    async with greeted_call(local_stack, "pause") as (caller, audio):
         greeting = await caller.wait_for_event("turn", after=0.0, timeout=REPLY_TIMEOUT_S)
         first = await caller.mic.say(load_wav("e2e_pause_first.wav"))
         await asyncio.sleep(PAUSE_S)  # long enough for the VAD to hear the end of speech
@@ -106,31 +106,21 @@ async def test_a_pause_mid_sentence_gets_one_reply_to_the_whole_sentence(local_s
         assert "discarded" in outcomes, outcomes
         # the worker's conversation: the greeting, then ONE user item and the reply
         assert turn["conversation_items"] == greeting["conversation_items"] + 2, (greeting, turn)
-    finally:
-        await caller.aclose()
 
 
 async def test_robotic_speech_is_answered_after_the_longer_endpointing_delay(local_stack: LocalStack) -> None:
     """The hard case: the turn detector is unsure about espeak-ng's voice."""
-    caller = await join_and_wait_for_greeting(local_stack, "espeak")
-    audio = caller.agent_audio
-    assert audio is not None
-    try:
+    async with greeted_call(local_stack, "espeak") as (caller, audio):
         said = await caller.mic.say(load_wav("e2e_espeak_weather.wav"))
         first_audio = await audio.first_voice_after(said.ended_at, timeout=REPLY_TIMEOUT_S)
         turn = await caller.wait_for_event("turn", after=said.ended_at, timeout=REPLY_TIMEOUT_S)
         print(f"\nespeak-ng: voice-to-voice {(first_audio - said.ended_at) * 1000:.0f} ms, endpointing "
               f"{(turn['endpointing_s'] or 0) * 1000:.0f} ms, speculative={turn['speculative']}")
         assert turn["interrupted"] is False
-    finally:
-        await caller.aclose()
 
 
 async def test_conversation_keeps_three_turns(local_stack: LocalStack) -> None:
-    caller = await join_and_wait_for_greeting(local_stack, "context")
-    audio = caller.agent_audio
-    assert audio is not None
-    try:
+    async with greeted_call(local_stack, "context") as (caller, audio):
         sizes = []
         for wav in ("e2e_q1_time.wav", "e2e_q2_weather.wav", "e2e_q3_recall.wav"):
             said = await caller.mic.say(load_wav(wav))
@@ -140,15 +130,10 @@ async def test_conversation_keeps_three_turns(local_stack: LocalStack) -> None:
         # Each turn adds the caller's audio and the agent's reply to the worker's conversation,
         # and nothing is dropped: the third reply is generated with both earlier turns in context.
         assert all(later - earlier >= 2 for earlier, later in zip(sizes, sizes[1:], strict=False)), sizes
-    finally:
-        await caller.aclose()
 
 
 async def test_barge_in_stops_the_agent_and_cancels_the_reply(local_stack: LocalStack) -> None:
-    caller = await join_and_wait_for_greeting(local_stack, "barge-in")
-    audio = caller.agent_audio
-    assert audio is not None
-    try:
+    async with greeted_call(local_stack, "barge-in") as (caller, audio):
         said = await caller.mic.say(load_wav("e2e_q2_weather.wav"))
         agent_started = await audio.first_voice_after(said.ended_at, timeout=REPLY_TIMEOUT_S)
         await asyncio.sleep(0.2)
@@ -173,15 +158,10 @@ async def test_barge_in_stops_the_agent_and_cancels_the_reply(local_stack: Local
         assert cut["interrupted"] is True
         # ...and the agent answers the barge-in.
         await audio.first_voice_after(spoken.ended_at, timeout=REPLY_TIMEOUT_S)
-    finally:
-        await caller.aclose()
 
 
 async def test_short_burst_pauses_then_resumes_the_same_reply(local_stack: LocalStack) -> None:
-    caller = await join_and_wait_for_greeting(local_stack, "burst")
-    audio = caller.agent_audio
-    assert audio is not None
-    try:
+    async with greeted_call(local_stack, "burst") as (caller, audio):
         said = await caller.mic.say(load_wav("e2e_q2_weather.wav"))
         agent_started = await audio.first_voice_after(said.ended_at, timeout=REPLY_TIMEOUT_S)
         await asyncio.sleep(0.2)
@@ -209,5 +189,3 @@ async def test_short_burst_pauses_then_resumes_the_same_reply(local_stack: Local
         assert not caller.events_of("user_turn", after=burst.started_at)
         done = await caller.wait_for_event("response_done", after=said.ended_at, timeout=10)
         assert done["cancelled"] is False
-    finally:
-        await caller.aclose()

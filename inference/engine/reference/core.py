@@ -37,10 +37,8 @@ class EngineCore:
         self.speaker_bos = speaker_bos
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        #: loop steps that ran model work, and decode steps per model (for tests and benchmarks)
+        #: loop steps that ran model work, and the largest decode batch (for tests and benchmarks)
         self.steps = 0
-        self.thinker_steps = 0
-        self.talker_steps = 0
         self.largest_batch = 0
 
     # ----------------------------------------------------------------- the asyncio side
@@ -125,7 +123,6 @@ class EngineCore:
         thinker = [r for r in plan.thinker if r.phase is Phase.DECODING]
         if thinker:
             worked = True
-            self.thinker_steps += 1
             self._guard(thinker, lambda: self._thinker_step(thinker))
         talkers = scheduler.talker_batch()
         starting = [r for r in talkers if not r.talker.started]
@@ -136,7 +133,6 @@ class EngineCore:
         stepping = [r for r in stepping if r.phase is Phase.DECODING]
         if stepping:
             worked = True
-            self.talker_steps += 1
             self._guard(stepping, lambda: self._talker_step(stepping))
         speaking = scheduler.token2wav_batch(time.monotonic())
         if speaking:

@@ -126,10 +126,6 @@ class StreamingToken2Wav:
     def frames(self) -> int:
         return len(self.codes) * self.shape.repeats
 
-    @property
-    def in_flight(self) -> bool:
-        return self._pending is not None or self._emit is not None
-
     def push(self, code: int) -> None:
         self.codes.append(code)
 
