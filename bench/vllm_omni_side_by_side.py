@@ -20,6 +20,9 @@ and the same session levels, one engine after the other:
     python bench/vllm_omni_side_by_side.py --json bench/results/side_by_side.json
     python bench/vllm_omni_side_by_side.py --sessions 1,4 --repeats 1 --skip-reference
 
+Each half can also run on its own (one half per device call), the second reading the first's
+report: `--only reference --json ref.json`, then `--reference-report ref.json --json all.json`.
+
 Needs a GPU with about 120 GiB free, vllm and vllm-omni of one release (docs/vllm-omni.md).
 """
 
@@ -243,12 +246,19 @@ async def run(args) -> dict:
         # The reference engine runs in a child process, so that all of its GPU memory (weights,
         # CUDA graphs, caches) is surely gone when vllm-omni sizes its stages by what is free.
         with tempfile.NamedTemporaryFile(suffix=".json") as half:
-            subprocess.run([sys.executable, __file__, "--reference-half", half.name, "--model-dir", str(model_dir),
-                            *sys.argv[1:]], check=True)
+            # Skipped for vllm-omni alone on the folder an earlier run wrote: nothing to build.
+            if not (args.skip_reference and (model_dir / "config.json").exists()):
+                subprocess.run([sys.executable, __file__, "--reference-half", half.name, "--model-dir", str(model_dir),
+                                *sys.argv[1:]], check=True)
             if not args.skip_reference:
                 report["reference"] = json.loads(Path(half.name).read_text())
-                report["reference"]["levels"] = {int(n): row for n, row in report["reference"]["levels"].items()}
-        report["vllm-omni"] = await vllm_omni_half(args, model_dir)
+        if args.reference_report:
+            earlier = json.loads(Path(args.reference_report).read_text())
+            report["reference"] = {**earlier["reference"], "from": args.reference_report, "date": earlier["date"]}
+        if "reference" in report:
+            report["reference"]["levels"] = {int(n): row for n, row in report["reference"]["levels"].items()}
+        if args.only != "reference":
+            report["vllm-omni"] = await vllm_omni_half(args, model_dir)
     finally:
         print_table(report)
         if args.json:
@@ -265,10 +275,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=40, help="thinker tokens per reply")
     parser.add_argument("--model-dir", default=None, help="where to write the weight-less model folder")
     parser.add_argument("--skip-reference", action="store_true", help="vllm-omni only (the folder is still built)")
+    parser.add_argument("--only", choices=("reference",), default=None, help="run the reference half alone")
+    parser.add_argument("--reference-report", default=None,
+                        help="take the reference half from this earlier --json report (implies --skip-reference)")
     parser.add_argument("--json", default=None, help="write the whole report here")
     parser.add_argument("--reference-half", default=None, help=argparse.SUPPRESS)  # the child process
     args = parser.parse_args()
     args.levels = [int(n) for n in args.sessions.split(",")]
+    args.skip_reference = args.skip_reference or bool(args.reference_report)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("transformers").setLevel(logging.ERROR)
     if args.reference_half:
