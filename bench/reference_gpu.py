@@ -172,8 +172,12 @@ async def one_session(engine: ReferenceEngine, index: int, args, request=None) -
     text = []
     played_until = None  # a listener playing each packet as soon as it arrives
     stall = 0.0          # … hears this much silence after the first audio (underruns)
+    peak, non_finite = 0.0, 0  # random weights may make silence or NaN: the report shows which
     async for delta in engine.generate(request):
         if isinstance(delta, AudioDelta):
+            finite = np.isfinite(delta.audio)
+            non_finite += int(delta.audio.size - finite.sum())
+            peak = max(peak, float(np.abs(delta.audio[finite]).max(initial=0.0)))
             now = time.monotonic()
             if first_audio is None:
                 first_audio = now - started
@@ -192,6 +196,8 @@ async def one_session(engine: ReferenceEngine, index: int, args, request=None) -
         "audio_s": t.get("audio_s", 0.0),
         "rtf": wall / t["audio_s"] if t.get("audio_s") else float("nan"),
         "wall_s": wall,
+        "peak": peak,
+        "non_finite_samples": non_finite,
         "text": "".join(text),
         "reused_tokens": t.get("reused_tokens", 0.0),
         "prefill_tokens": t.get("prefill_tokens", 0.0),

@@ -79,6 +79,7 @@ def summarize(results: list[dict]) -> dict[str, float]:
         "rtf_p50": ref.pct(col("rtf"), 50), "rtf_p95": ref.pct(col("rtf"), 95),
         "stall_s": statistics.median(col("stall_s")), "stall_max_s": max(col("stall_s")),
         "audio_s": statistics.median(col("audio_s")),
+        "peak_max": max(col("peak")), "non_finite_samples": sum(col("non_finite_samples")),
         "replies": len(results),
         **{key: statistics.median(col(key)) for key in STAGE_TIMES if all(v == v for v in col(key))},
     }
@@ -95,7 +96,8 @@ async def run_levels(engine, label: str, args) -> dict[int, dict[str, float]]:
         row = table[n]
         print(f"{label:>10} {n:>4} sessions: first audio p50 {row['ttfa_p50_s']:.3f} s p95 {row['ttfa_p95_s']:.3f} s  "
               f"RTF p50 {row['rtf_p50']:.2f} p95 {row['rtf_p95']:.2f}  silence after the first packet "
-              f"{row['stall_s']:.2f} s (worst {row['stall_max_s']:.2f} s)  speech {row['audio_s']:.2f} s"
+              f"{row['stall_s']:.2f} s (worst {row['stall_max_s']:.2f} s)  speech {row['audio_s']:.2f} s  "
+              f"peak {row['peak_max']:.2g}, {row['non_finite_samples']} non-finite samples"
               + "".join(f"  {key} {row[key]:.2f}" for key in STAGE_TIMES if key in row), flush=True)
     return table
 
@@ -204,6 +206,7 @@ async def realtime_turn(engine, args) -> dict:
             "first_audio_s": first_audio_s, "audio_s": audio.size / 24_000,
             "audio_deltas": sum(e["type"] == "response.output_audio.delta" for e in events),
             "peak_int16": int(np.abs(audio.astype(np.int32)).max()) if audio.size else 0,
+            "status_details": done.get("response", {}).get("status_details"),
             "usage": done.get("response", {}).get("usage")}
     print(f"realtime turn over /v1/realtime on vllm-omni: {turn}", flush=True)
     return turn

@@ -97,6 +97,10 @@ class VllmOmniEngine(OmniEngine):
         began = time.perf_counter()
         logger.info("vllm-omni: loading the chat template and processor of %s", self.model)
         self._prompts = prompts.PromptBuilder(await asyncio.to_thread(prompts.load_processor, self.model))
+        if self._prompts.is_qwen2_5_omni and presets.code2wav_batch(
+                self._omni_kwargs.get("stage_overrides", {}), self._omni_kwargs.get("deploy_config")) > 1:
+            raise ValueError("Qwen2.5-Omni's code2wav (stage 2) must run one reply at a time (max_num_seqs: 1): "
+                             "with more, vllm-omni hands every reply in a batch the speech of all of them")
         logger.info("vllm-omni %s: starting the AsyncOmni stages for %s with %s",
                     self._api.version, self.model, self._omni_kwargs)
         # Construction loads every stage and takes minutes; a thread keeps the event loop (and

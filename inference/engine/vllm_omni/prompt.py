@@ -36,7 +36,7 @@ class PromptBuilder:
         self._processor = processor
         template = processor.chat_template if isinstance(processor.chat_template, str) else ""
         self._template_knows_tools = "tool_call" in template
-        self._needs_speech_system_prompt = type(processor).__name__.startswith("Qwen2_5Omni")
+        self.is_qwen2_5_omni = type(processor).__name__.startswith("Qwen2_5Omni")
         self.audio_token_id = _audio_token_id(processor)
 
     def build(self, request: GenerationRequest) -> dict[str, Any]:
@@ -83,7 +83,7 @@ class PromptBuilder:
 
     def _system_text(self, request: GenerationRequest, tools: list[ToolSpec]) -> str:
         parts = []
-        if self._needs_speech_system_prompt and "audio" in request.modalities:
+        if self.is_qwen2_5_omni and "audio" in request.modalities:
             parts.append(QWEN2_5_OMNI_SPEECH_SYSTEM_PROMPT)
         if request.instructions:
             parts.append(request.instructions)

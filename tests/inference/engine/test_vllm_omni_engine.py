@@ -379,9 +379,25 @@ async def test_one_gpu_preset_puts_every_stage_on_gpu_0_under_the_users_override
     assert sum(stages[s]["gpu_memory_utilization"] for s in ("0", "1", "2")) <= 0.8
     assert stages["0"]["limit_mm_per_prompt"] == {"audio": 4, "image": 0, "video": 0}
     assert stages["0"]["max_num_seqs"] == 8  # the user's value wins
-    assert stages["1"]["max_num_seqs"] > 1 and stages["2"]["max_num_seqs"] > 1
+    assert stages["1"]["max_num_seqs"] > 1
+    assert stages["2"]["max_num_seqs"] == 1  # Qwen2.5-Omni's code2wav mixes a batch's replies
     assert "load_format" not in stages["0"]
     assert presets.PRESETS["one-gpu-voice"]["0"]["max_num_seqs"] == 16  # the preset itself is untouched
+
+
+async def test_a_batched_qwen2_5_omni_code2wav_is_refused_before_any_stage_starts(fake_omni, monkeypatch, tmp_path):
+    """vllm-omni gives every reply in a code2wav batch the speech of the whole batch: callers
+    would hear each other. Refused whether the overrides or the deploy config ask for it."""
+    deploy = tmp_path / "deploy.yaml"
+    deploy.write_text("stages:\n  - stage_id: 2\n    max_num_seqs: 4\n")
+    for options in ({"preset": "one-gpu-voice", "stage_overrides": {"2": {"max_num_seqs": 8}}},
+                    {"deploy_config": str(deploy)}):
+        with pytest.raises(ValueError, match="must run one reply at a time"):
+            await started(**options)
+    assert fake_omni.AsyncOmni.instances == []
+    await started(preset="one-gpu-voice", deploy_config=str(deploy))  # the preset's 1 goes over the file's 4
+    monkeypatch.setattr(prompts, "load_processor", lambda model: Qwen3OmniMoeProcessor())
+    await started(stage_overrides={"2": {"max_num_seqs": 8}})  # Qwen3-Omni's code2wav splits its batch
 
 
 async def test_dummy_weights_load_every_stage_at_random_and_code2wav_in_float32(fake_omni):
