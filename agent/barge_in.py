@@ -116,10 +116,10 @@ class BargeInGate:
             return
         self._started_over_reply = False
 
-        # The VAD's end of speech, which caused this event, has just set the length.
-        speech_s = self._vad.last_speech_s
-        if speech_s is None or speech_s >= self._min_speech_s:
+        if self.speech_is_a_turn():
             return  # a true barge-in: let the turn through
+        speech_s = self._vad.last_speech_s
+        assert speech_s is not None
 
         log.info(
             "ignoring %.0f ms of sound over the agent's speech (< %.0f ms): not a user turn",
@@ -130,6 +130,12 @@ class BargeInGate:
         asyncio.get_running_loop().call_soon(self._clear_turn)
         if self._on_ignored is not None:
             self._on_ignored(IgnoredSound(speech_s=speech_s))
+
+    def speech_is_a_turn(self) -> bool:
+        """Whether the speech that has just ended (over a reply) is long enough to be a turn.
+        The VAD's end of speech, which ends it, sets the length before anyone hears of it."""
+        speech_s = self._vad.last_speech_s
+        return speech_s is None or speech_s >= self._min_speech_s
 
     def _clear_turn(self) -> None:
         try:

@@ -189,3 +189,31 @@ async def test_a_new_speculation_may_start_while_the_withdrawn_one_winds_down(ga
     await asyncio.wait_for(read_generation(second), 10)
     assert context_kinds(replies(gateway.engine)[-1]) == ["UserAudio", "AssistantText", "UserAudio"]
     assert len(session.chat_ctx.items) == 4
+
+
+async def test_a_barge_in_starts_its_reply_at_its_end_of_speech_cancelling_the_one_under_way(gateway, open_session):
+    """Speech over a reply that will be a turn (the agent's barge-in rule says so) ends that
+    reply anyway: `interrupting=True` cancels it on the worker and starts the next one at once,
+    which the framework's later commit + generate_reply then takes over."""
+    session, rec = open_session()
+    await connected(session, rec)
+    push(session, 0.5)
+    session.commit_audio()
+    first = await asyncio.wait_for(session.generate_reply(), 5)
+    push(session, 0.8)  # the barge-in, while the first reply is still being generated
+    assert not session.start_speculative_reply()  # a reply under way: only a barge-in may
+    assert session.start_speculative_reply(interrupting=True)
+    sent = rec.sent_types()
+    cancel = sent.index("response.cancel")
+    assert cancel < sent.index("input_audio_buffer.commit", cancel) < sent.index("response.create", cancel)
+    await asyncio.wait_for(read_generation(first), 10)  # its stream ends: cancelled on the worker
+
+    session.interrupt()  # the framework interrupts its reply when the turn is confirmed...
+    session.commit_audio()
+    second = await asyncio.wait_for(session.generate_reply(), 5)  # ...and asks for the next one
+    messages, _ = await asyncio.wait_for(read_generation(second), 10)
+    assert messages and messages[0][1] == "word0 word1 word2 word3 word4 "  # the whole reply: not cut
+    assert session.speculative_reply_counts == {"started": 1, "used": 1, "discarded": 0}
+    assert sent.count("response.cancel") == 1 == rec.sent_types().count("response.cancel")
+    assert len(replies(gateway.engine)) == 2
+    assert np.isclose(seconds_of(replies(gateway.engine)[1].context[-1]), 0.8, atol=0.03)

@@ -327,16 +327,23 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
 
     # ================================================================== speculative replies
 
-    def start_speculative_reply(self) -> bool:
+    def start_speculative_reply(self, *, interrupting: bool = False) -> bool:
         """The VAD heard the user stop: commit the turn and start its reply now, holding the
         reply until the framework confirms the turn (`commit_audio` + `generate_reply`).
-        Does nothing (returns False) when turned off, while a reply is under way or asked for,
-        while reconnecting, or with under 100 ms of new audio."""
+        Does nothing (returns False) when turned off, while a reply is asked for, while
+        reconnecting, or with under 100 ms of new audio; nor while a reply is under way,
+        unless `interrupting`: the caller knows the speech becomes a turn that ends that reply
+        (a barge-in), so its generation is cancelled on the worker first. The framework keeps
+        the audio it already has, for a resume, until it interrupts the reply itself."""
         if not self._opts.speculative_replies or self._ws is None or self._outbox.closed:
             return False
-        # a discarded reply still winding down does not count: its cancel is on the socket first
-        if self._speculation.current is not None or self._replies.busy() or self._replies.waiting:
+        if self._speculation.current is not None or self._replies.waiting:
             return False
+        if self._replies.busy():
+            if not interrupting:
+                return False
+            self.interrupt()
+        # a cancelled reply still winding down does not count: its cancel is on the socket first
         for chunk in self._input.flush():
             self._send_input(chunk)
         if self._turns.pushed_samples < MIN_COMMIT_SAMPLES:

@@ -11,6 +11,8 @@ turn's first speech).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from livekit.agents import AgentSession, UserStateChangedEvent
 
 from .log import logger
@@ -20,12 +22,16 @@ from .session import RealtimeSession
 class SpeculativeReplyTrigger:
     """`SpeculativeReplyTrigger(session).attach()` once, before `session.start()`.
 
-    No speculation while the agent has a reply under way (speaking, paused, or about to
-    speak): speech over it is a barge-in or a noise, which the framework handles its own way.
+    While the agent has a reply under way (speaking, paused, or about to speak), speech over it
+    is a barge-in or a noise, which the framework handles its own way: no speculation, unless
+    `ends_reply` is given and says True at the end of that speech. It is the agent's rule
+    for which speech over a reply becomes a turn (and so ends the reply): the next reply then
+    starts at once, the one under way being cancelled on the worker.
     """
 
-    def __init__(self, session: AgentSession) -> None:
+    def __init__(self, session: AgentSession, *, ends_reply: Callable[[], bool] | None = None) -> None:
         self._session = session
+        self._ends_reply = ends_reply
 
     def attach(self) -> None:
         self._session.on("user_state_changed", self._on_user_state)
@@ -47,6 +53,12 @@ class SpeculativeReplyTrigger:
             return
         if ev.new_state == "speaking":
             rt.user_started_speaking()
-        elif ev.old_state == "speaking" and not self._reply_under_way():
-            if rt.start_speculative_reply():
+        elif ev.old_state == "speaking":
+            if not self._reply_under_way():
+                started = rt.start_speculative_reply()
+            elif self._ends_reply is not None and self._ends_reply():
+                started = rt.start_speculative_reply(interrupting=True)
+            else:
+                started = False
+            if started:
                 logger.debug("speculative reply started at the end of speech")
