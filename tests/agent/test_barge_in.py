@@ -54,10 +54,16 @@ class Session(rtc.EventEmitter):
 
 
 def gated_session() -> tuple[Session, list[IgnoredSound]]:
+    session, _, ignored = gate_and_session()
+    return session, ignored
+
+
+def gate_and_session() -> tuple[Session, BargeInGate, list[IgnoredSound]]:
     speech, ignored = LastSpeech(), []
     session = Session(speech)
-    BargeInGate(session, speech, min_speech_s=0.4, on_ignored=ignored.append).attach()  # type: ignore[arg-type]
-    return session, ignored
+    gate = BargeInGate(session, speech, min_speech_s=0.4, on_ignored=ignored.append)  # type: ignore[arg-type]
+    gate.attach()
+    return session, gate, ignored
 
 
 async def settle() -> None:
@@ -79,6 +85,20 @@ async def test_real_speech_over_a_reply_is_a_barge_in() -> None:
     session.user_speaks(1.2)
     await settle()
     assert session.cleared == 0 and not ignored
+
+
+async def test_the_rule_the_speculative_trigger_asks_agrees_with_the_gate() -> None:
+    """`speech_is_a_turn` (SpeculativeReplyTrigger's `ends_reply`) says yes exactly for the speech
+    the gate lets through as a turn, read at the same end of speech."""
+    session, gate, ignored = gate_and_session()
+    session.current_speech = Reply()
+    answers = []
+    session.on("user_state_changed", lambda ev: ev.old_state == "speaking" and answers.append(gate.speech_is_a_turn()))
+    for seconds in (0.2, 0.39, 0.4, 1.2):
+        session.user_speaks(seconds)
+    await settle()
+    assert answers == [False, False, True, True]
+    assert [sound.speech_s for sound in ignored] == [0.2, 0.39]
 
 
 async def test_a_short_answer_between_replies_is_a_turn() -> None:
