@@ -10,7 +10,10 @@ nothing else uses. The stock config puts the talker on GPU 1 and runs one reply 
 whole GPU and were run on an H200 (141 GiB): thinker 45 % (15 GiB of weights, the rest KV
 cache), talker 25 %, code2wav 10 %, 20 % left for CUDA contexts and activations. Image and
 video inputs are off: a voice agent sends none, and with them on the thinker spends minutes
-at start-up profiling four video items. code2wav stays at one reply at a time: see
+at start-up profiling four video items. The thinker takes at most 8192 tokens a step, a whole
+`max_model_len`: the stock 32,768 also sizes its audio encoder cache, which start-up profiles
+with as many 30 s clips as fit (43; 10 at 8192). On the H200 that profiling took 104 s at
+8192 against 93-133 s at 32,768 on other machines of the kind: most of it is not the clips. code2wav stays at one reply at a time: see
 `code2wav_batch`.
 
 Dummy weights (`dummy_weights=true`): every stage starts with random weights
@@ -31,7 +34,7 @@ THINKER, TALKER, CODE2WAV = "0", "1", "2"
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "one-gpu-voice": {
         THINKER: {"devices": "0", "gpu_memory_utilization": 0.45, "max_num_seqs": 16,
-                  "max_model_len": 8192,
+                  "max_model_len": 8192, "max_num_batched_tokens": 8192,
                   "limit_mm_per_prompt": {"audio": 4, "image": 0, "video": 0}},
         TALKER: {"devices": "0", "gpu_memory_utilization": 0.25, "max_num_seqs": 16},
         CODE2WAV: {"devices": "0", "gpu_memory_utilization": 0.10, "max_num_seqs": 1},
