@@ -12,9 +12,9 @@ cache), talker 25 %, code2wav 10 %, 20 % left for CUDA contexts and activations.
 video inputs are off: a voice agent sends none, and with them on the thinker spends minutes
 at start-up profiling four video items. The thinker takes at most 8192 tokens a step, a whole
 `max_model_len`: the stock 32,768 also sizes its audio encoder cache, which start-up profiles
-with as many 30 s clips as fit (43; 10 at 8192). On the H200 that profiling took 104 s at
-8192 against 93-133 s at 32,768 on other machines of the kind: most of it is not the clips. code2wav stays at one reply at a time: see
-`code2wav_batch`.
+with as many 30 s clips as fit (43; 10 at 8192). On the H200 that profiling took 104 s at 8192
+against 93-133 s at 32,768 on other machines of the kind: most of it is not the clips.
+code2wav stays at one reply at a time: see `code2wav_batch`.
 
 Dummy weights (`dummy_weights=true`): every stage starts with random weights
 (`load_format: dummy`), so a model folder holding only config, tokenizer, processor, chat
