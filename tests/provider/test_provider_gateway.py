@@ -50,6 +50,13 @@ class Gateway:
         self.server = TestServer(self.worker.app, host="127.0.0.1", port=self.port)
         await self.server.start_server()
 
+    async def __aenter__(self) -> "Gateway":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
     async def stop(self) -> None:
         """As the worker does on SIGTERM: close every session (code 1001), then stop listening."""
         if self.server is not None:
@@ -60,10 +67,8 @@ class Gateway:
 
 @pytest.fixture
 async def gateway():
-    gw = Gateway(ScriptedEngine(words=5, step_s=0.01))
-    await gw.start()
-    yield gw
-    await gw.stop()
+    async with Gateway(ScriptedEngine(words=5, step_s=0.01)) as gw:
+        yield gw
 
 
 class Recorder:

@@ -23,10 +23,8 @@ pytestmark = pytest.mark.asyncio
 
 @pytest.fixture
 async def gateway():
-    gw = Gateway(ScriptedEngine(words=2, step_s=0.05))
-    await gw.start()
-    yield gw
-    await gw.stop()
+    async with Gateway(ScriptedEngine(words=2, step_s=0.05)) as gw:
+        yield gw
 
 
 async def answered_turn_seconds(session, gateway) -> float:

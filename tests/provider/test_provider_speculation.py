@@ -23,10 +23,8 @@ pytestmark = pytest.mark.asyncio
 @pytest.fixture
 async def gateway():
     # slow enough that a reply is still being generated when the user goes on speaking
-    gw = Gateway(ScriptedEngine(words=5, step_s=0.2))
-    await gw.start()
-    yield gw
-    await gw.stop()
+    async with Gateway(ScriptedEngine(words=5, step_s=0.2)) as gw:
+        yield gw
 
 
 def replies(engine: ScriptedEngine) -> list:
