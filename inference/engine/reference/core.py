@@ -17,7 +17,7 @@ import logging
 import queue
 import threading
 import time
-from typing import Callable
+from typing import Callable, TypeVar
 
 import torch
 
@@ -27,6 +27,8 @@ from .runner import ModelRunner
 from .scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class EngineCore:
@@ -112,6 +114,10 @@ class EngineCore:
     # ----------------------------------------------------------------- one step
 
     def step(self) -> None:
+        """One step: prompt chunks, then the thinker's decode step, the talkers' starts and
+        step, all launched without waiting; then one copy brings every sampled id to the host
+        (the step's only wait for the device) and the replies take their results; then
+        token2wav for the replies whose audio is due."""
         runner, scheduler = self.runner, self.scheduler
         plan = scheduler.schedule()
         worked = False
@@ -121,19 +127,32 @@ class EngineCore:
                 reply.slot, reply.prompt, start, end, reply.prepared.thinker_positions,
                 reply.prepared.talker_positions if reply.talker is not None else None)))
         thinker = [r for r in plan.thinker if r.phase is Phase.DECODING]
+        greedy: list[Reply] = []
+        choices = None
         if thinker:
             worked = True
-            self._guard(thinker, lambda: self._thinker_step(thinker))
+            launched = self._guard(thinker, lambda: self._thinker_step(thinker))
+            if launched is not None:
+                choices, greedy = launched
         talkers = scheduler.talker_batch()
-        starting = [r for r in talkers if not r.talker.started]
         stepping = [r for r in talkers if r.talker.started]
-        for reply in starting:
+        starts = []
+        for reply in [r for r in talkers if not r.talker.started]:
             worked = True
-            self._guard([reply], lambda: self._talker_start(reply))
+            code = self._guard([reply], lambda: self._talker_start(reply))
+            if code is not None:
+                starts.append((reply, code))
         stepping = [r for r in stepping if r.phase is Phase.DECODING]
+        codes = None
         if stepping:
             worked = True
-            self._guard(stepping, lambda: self._talker_step(stepping))
+            codes = self._guard(stepping, lambda: self._talker_step(stepping))
+        outputs = [t for t in (choices, *(code for _, code in starts), codes) if t is not None]
+        if outputs:
+            self._take(self._guard(thinker + [r for r, _ in starts] + stepping,
+                                   lambda: runner.read(*outputs)),
+                       greedy if choices is not None else None, starts,
+                       stepping if codes is not None else None)
         speaking = scheduler.token2wav_batch(time.monotonic())
         if speaking:
             worked = True
@@ -147,17 +166,24 @@ class EngineCore:
             self.steps += 1
             self.largest_batch = max(self.largest_batch, len(thinker), len(stepping))
 
-    def _thinker_step(self, replies: list[Reply]) -> None:
-        embeds, hidden, logits = self.runner.thinker_step(
+    def _thinker_step(self, replies: list[Reply]) -> tuple[torch.Tensor, list[Reply]]:
+        """Launch the step; replies whose next token is not the plain argmax choose it now
+        from the logits, the others get it from the step's one read."""
+        result = self.runner.thinker_step(
             [r.slot for r in replies], [r.pending_token for r in replies],
             [r.prompt.length + len(r.fed) for r in replies],
             [r.prepared.thinker_rope_delta for r in replies])
-        argmax = logits.argmax(dim=-1).tolist()  # one host sync for every greedy reply
+        greedy = []
         for row, reply in enumerate(replies):
-            self._guard([reply], lambda: reply.after_thinker_step(
-                embeds[row:row + 1], hidden[row:row + 1], logits[row:row + 1], argmax[row]))
+            reply.token_fed(result.state[row:row + 1])
+            if reply.chooses_argmax:
+                greedy.append(reply)
+            else:
+                self._guard([reply], lambda: reply.choose(result.logits[row:row + 1]))
+        rows = [row for row, reply in enumerate(replies) if reply.chooses_argmax]
+        return result.argmax[rows] if len(rows) < len(replies) else result.argmax, greedy
 
-    def _talker_start(self, reply: Reply) -> None:
+    def _talker_start(self, reply: Reply) -> torch.Tensor:
         talker = reply.talker
         _, first = reply.next_talker_input(self.runner.text_eos, self.runner.text_pad)
         length = reply.prompt.length
@@ -168,9 +194,9 @@ class EngineCore:
         talker.started = True
         talker.length = length + 2
         reply.clock.mark("talker_started")
-        reply.after_talker_code(code)
+        return code
 
-    def _talker_step(self, replies: list[Reply]) -> None:
+    def _talker_step(self, replies: list[Reply]) -> torch.Tensor:
         inputs = [r.next_talker_input(self.runner.text_eos, self.runner.text_pad)[1] for r in replies]
         codes = self.runner.talker_step(
             [r.slot for r in replies], [r.talker.last_code for r in replies], inputs,
@@ -178,9 +204,28 @@ class EngineCore:
             [r.prepared.talker_rope_delta for r in replies],
             [r.talker.codes < r.talker.min_codes for r in replies],
             [r.generator for r in replies])
-        for reply, code in zip(replies, codes):
+        for reply in replies:
             reply.talker.length += 1
-            self._guard([reply], lambda: reply.after_talker_code(code))
+        return codes
+
+    def _take(self, ids: list[list[int]] | None, greedy: list[Reply] | None,
+              starts: list[tuple[Reply, torch.Tensor]], stepping: list[Reply] | None) -> None:
+        """Hand each reply its sampled ids, in the order `step` read them."""
+        if ids is None:
+            return
+        ids = iter(ids)
+        if greedy is not None:
+            for reply, token in zip(greedy, next(ids)):
+                if reply.phase is Phase.DECODING:
+                    self._guard([reply], lambda: reply.take_token(token))
+        for reply, _ in starts:
+            code = next(ids)[0]
+            if reply.phase is Phase.DECODING:
+                self._guard([reply], lambda: reply.after_talker_code(code))
+        if stepping is not None:
+            for reply, code in zip(stepping, next(ids)):
+                if reply.phase is Phase.DECODING:
+                    self._guard([reply], lambda: reply.after_talker_code(code))
 
     def _token2wav(self, replies: list[Reply]) -> None:
         windows = [r.audio.next_window(final=not r.audio.ready()) for r in replies]
@@ -192,12 +237,14 @@ class EngineCore:
 
     # ----------------------------------------------------------------- failures
 
-    def _guard(self, replies: list[Reply], work: Callable[[], None]) -> None:
+    def _guard(self, replies: list[Reply], work: Callable[[], T]) -> T | None:
+        """`work()`, or None when it failed: then those replies fail, the loop goes on."""
         try:
-            work()
+            return work()
         except Exception as error:  # noqa: BLE001 - reported to those replies' consumers
             logger.exception("reply work failed (%d replies affected)", len(replies))
             self._fail(replies, error)
+            return None
 
     def _fail(self, replies: list[Reply], error: BaseException) -> None:
         for reply in replies:

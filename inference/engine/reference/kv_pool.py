@@ -9,11 +9,15 @@ A forward reads and writes the pool through a `BatchView`: which rows take part 
 where each row's new tokens go (`write_pos`, B × n) and how many slots attention reads
 (`window`). All three are device tensors or plain ints fixed for a CUDA graph, so one graph
 per (batch size, window) serves any mix of rows and lengths. transformers' decoder layers
-only call `cache.update(keys, values, layer_idx)` and a text model given a ready-made mask
-(a dict keyed by layer type) builds none of its own: that is the whole contract.
+only call `cache.update(keys, values, layer_idx)` and then their attention function with the
+mask they were given; a text model given a ready-made mask (a dict keyed by layer type)
+builds none of its own. So the view is both: the cache (`update` writes the new keys and
+values into the pool) and the mask (attention.py's `pool_attention` reads which rows and
+positions take part from it). That is the whole contract.
 
-Attention reads `window` slots whatever a row's length; `mask()` hides the slots past each
-query's position, so the math is the dynamic cache's (masked slots get exactly zero weight).
+Decode steps attend each row up to its own length straight from the pool (attention.py);
+prompt chunks gather `window` slots and `mask()` hides the slots past each query's position,
+so the math is the dynamic cache's (masked slots get exactly zero weight).
 """
 
 from __future__ import annotations
@@ -35,11 +39,11 @@ class KVPool:
                  dtype: torch.dtype) -> None:
         if slots < 1 or capacity < 1:
             raise ValueError("a KV pool needs at least one slot of at least one token")
-        implementation = getattr(config, "_attn_implementation", None) or "sdpa"
-        if implementation not in ("sdpa", "eager"):
-            raise ValueError(f"the KV pool supports sdpa and eager attention, not {implementation}")
         if any(kind != "full_attention" for kind in getattr(config, "layer_types", ["full_attention"])):
             raise ValueError("the KV pool supports full attention layers only")
+        from .attention import use_pool_attention
+
+        use_pool_attention(config)  # the model's layers attend through the pool from now on
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         # (row, position, head, dim): a batch's new keys are written with one index_put
         shape = (slots + 1, capacity, config.num_key_value_heads, head_dim)
@@ -50,7 +54,6 @@ class KVPool:
         self.capacity = capacity
         self.device = device
         self.dtype = dtype
-        self.additive_mask = implementation == "eager"  # eager attention adds its mask
         self.offsets = torch.arange(capacity, device=device)
         self.windows = _window_sizes(capacity)
 
@@ -82,23 +85,19 @@ class BatchView:
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                *_, **__) -> tuple[torch.Tensor, torch.Tensor]:
-        """transformers' cache contract: store (B, heads, n, dim) at the rows' positions and
-        return (B, heads, window, dim) of each row's sequence so far."""
+        """transformers' cache contract: store (B, heads, n, dim) at the rows' positions; what
+        it returns goes to the attention function: here the layer's whole pool, which
+        `pool_attention` reads through this view."""
         keys, values = self.pool.keys[layer_idx], self.pool.values[layer_idx]
         where = (self.rows[:, None], self.write_pos)
         keys.index_put_(where, key_states.transpose(1, 2))
         values.index_put_(where, value_states.transpose(1, 2))
-        window = self.window
-        return (keys[:, :window].index_select(0, self.rows).transpose(1, 2),
-                values[:, :window].index_select(0, self.rows).transpose(1, 2))
+        return keys, values
 
     def mask(self) -> torch.Tensor:
         """(B, 1, n, window): each query sees its row's slots up to its own position."""
         visible = self.pool.offsets[None, None, :self.window] <= self.write_pos[:, :, None]
-        if not self.pool.additive_mask:
-            return visible[:, None]
-        blocked = torch.zeros(visible.shape, dtype=self.pool.dtype, device=visible.device)
-        return blocked.masked_fill(~visible, torch.finfo(self.pool.dtype).min)[:, None]
+        return visible[:, None]
 
 
 def forward(text_model, view: BatchView, embeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -106,7 +105,7 @@ def forward(text_model, view: BatchView, embeds: torch.Tensor, positions: torch.
     `embeds` (B, n, H) at rope `positions` (3, B, n), reading and writing the pool through
     `view` (already pointed, its window chosen)."""
     out = text_model(inputs_embeds=embeds, position_ids=positions, past_key_values=view,
-                     attention_mask={"full_attention": view.mask()}, use_cache=True,
+                     attention_mask={"full_attention": view}, use_cache=True,
                      return_dict=True)
     return out.last_hidden_state
 

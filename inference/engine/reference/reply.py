@@ -4,8 +4,8 @@ A reply goes through: waiting (no KV slot yet) → prefill (prompt chunks into i
 part before `reused` came from the session's prefix cache) → decoding (each step the thinker
 feeds the last sampled token, and the talker reads one element of the "reply stream") →
 done. The scheduler reads the state to decide what runs; the model runner computes; then
-the reply takes the results here (`after_prefill`, `after_thinker_step`, `after_talker_code`,
-`take_audio`) and emits its deltas.
+the reply takes the results here (`after_prefill`, `token_fed` and `take_token`,
+`after_talker_code`, `take_audio`) and emits its deltas.
 
 The talker trails the thinker by one token, exactly the data dependency of the offline
 `generate()`: its step j needs the thinker's hidden state of reply token j. Its reply stream
@@ -252,21 +252,29 @@ class Reply:
         self.clock.mark("prefilled")
         self.timings["prefill_tokens"] = float(self.prompt.length - self.reused)
         self.phase = Phase.DECODING
-        self._take_token(self._choose(logits))
+        self.take_token(self._choose(logits))
 
-    def after_thinker_step(self, embeds: torch.Tensor, hidden: torch.Tensor,
-                           logits: torch.Tensor, argmax: int) -> None:
-        """The pending token was fed: (1, 1, H) embedding and hidden state, (1, vocab) logits
-        and their argmax (computed for the whole batch at once)."""
+    def token_fed(self, state: torch.Tensor) -> None:
+        """A thinker step fed the pending token; `state` (1, 1, H) is what the talker reads of
+        it (its final hidden state + its embedding, on the device). The next token comes from
+        `take_token` (the batch's argmax) or `choose` (these logits)."""
         token = self.pending_token
         self.pending_token = None
         self.fed.append(token)
         if self.talker is not None and self.talker.open and not self.talker.finished:
-            self.talker.stream.append((token, hidden + embeds))
+            self.talker.stream.append((token, state))
         if self.history is not None:
             self.history = torch.cat([self.history, torch.tensor([[token]], device=self.device)], 1)
-        greedy = self.decoder is None and self.sampler.plain_greedy
-        self._take_token(argmax if greedy else self._choose(logits))
+
+    @property
+    def chooses_argmax(self) -> bool:
+        """The next token is the logits' argmax (greedy, no processor, no grammar): the loop
+        reads it with the step's other ids instead of handing this reply the logits."""
+        return self.decoder is None and self.sampler.plain_greedy
+
+    def choose(self, logits: torch.Tensor) -> None:
+        """The next token from the (1, vocab) logits of the step that fed the last one."""
+        self.take_token(self._choose(logits))
 
     def next_talker_input(self, text_eos: torch.Tensor, text_pad: torch.Tensor) -> tuple[int | None, torch.Tensor]:
         """Take the reply-stream element the talker's next step reads: (token id or None, its
@@ -326,7 +334,7 @@ class Reply:
             return self.decoder.choose(logits, lambda masked: self.sampler(masked))
         return self.sampler(logits, self.history)
 
-    def _take_token(self, token: int) -> None:
+    def take_token(self, token: int) -> None:
         """A sampled reply token: stop, or feed it at the next step (like generate(), the last
         sampled token is never fed back)."""
         self.reply_tokens += 1

@@ -28,6 +28,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as omni
 
+from .compiled import compile_step
 from .cuda_graphs import batch_buckets, bucket_for, capture_each
 from .kv_pool import BatchView, KVPool, forward
 from .prompt import Clip, Prompt, audio_features
@@ -46,7 +47,8 @@ class ModelRunner:
     def __init__(self, model, feature_extractor, *, slots: int, thinker_capacity: int,
                  talker_capacity: int, talker_sampling: SamplingParams, chunk_plan: ChunkPlan,
                  device: torch.device, cuda_graphs: bool, encoder_cache_bytes: int,
-                 prefill_chunk_tokens: int, token2wav_dtype: torch.dtype = torch.float32) -> None:
+                 prefill_chunk_tokens: int, token2wav_dtype: torch.dtype = torch.float32,
+                 compile: bool = False) -> None:
         started = time.monotonic()
         self.model = model
         self.thinker = model.thinker
@@ -82,8 +84,9 @@ class ModelRunner:
                                                encoder_cache_bytes)
         self.buckets = batch_buckets(slots)
         self.graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs and device.type == "cuda" else None
-        self.thinker_decode = _ThinkerDecode(self, cuda_graphs)
-        self.talker_decode = _TalkerDecode(self, cuda_graphs)
+        self._pinned: torch.Tensor | None = None  # host buffer of `read`
+        self.thinker_decode = _ThinkerDecode(self, cuda_graphs, compile)
+        self.talker_decode = _TalkerDecode(self, cuda_graphs, compile)
         buckets = [size for size in PREFILL_BUCKETS if size < prefill_chunk_tokens] + [prefill_chunk_tokens]
         hidden = text_config.hidden_size
         self.thinker_chunk = _ChunkForward(self, self.thinker.model, self.thinker_pool, hidden,
@@ -94,10 +97,12 @@ class ModelRunner:
                                           self.talker.codec_head.weight.dtype, [2] + buckets,
                                           cuda_graphs, project=self.talker.thinker_to_talker_proj)
         self.token2wav = Token2WavRunner(model.token2wav, model.speaker_map, chunk_plan, device,
-                                         cuda_graphs, max_batch=slots, dtype=token2wav_dtype)
+                                         cuda_graphs, max_batch=slots, dtype=token2wav_dtype,
+                                         compile=compile)
         logger.info("model runner: %d KV slots (thinker %d tokens, talker %d), batch buckets %s, "
-                    "CUDA graphs %s, in %.1f s", slots, thinker_capacity, talker_capacity,
-                    self.buckets, "on" if cuda_graphs else "off", time.monotonic() - started)
+                    "CUDA graphs %s, compiled %s, in %.1f s", slots, thinker_capacity,
+                    talker_capacity, self.buckets, "on" if cuda_graphs else "off",
+                    "yes" if compile else "no", time.monotonic() - started)
 
     # ----------------------------------------------------------------- prefill
 
@@ -129,17 +134,17 @@ class ModelRunner:
     # ----------------------------------------------------------------- decode
 
     def thinker_step(self, slots: list[int], tokens: list[int], lengths: list[int],
-                     rope_deltas: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Feed tokens[i] into slots[i] at KV position lengths[i]: (B, 1, H) embeddings and
-        hidden states and (B, vocab) logits (copies)."""
+                     rope_deltas: list[int]) -> ThinkerStep:
+        """Feed tokens[i] into slots[i] at KV position lengths[i]; the results stay on the
+        device (`read` brings the greedy choices to the host with the step's other ids)."""
         return self.thinker_decode(slots, tokens, lengths, rope_deltas)
 
     def talker_start(self, slot: int, first_input: torch.Tensor, speaker_bos: torch.Tensor,
                      positions: torch.Tensor, length: int, end_masked: bool,
-                     generator: torch.Generator) -> int:
+                     generator: torch.Generator) -> torch.Tensor:
         """The talker's prefill tail for one reply: the speaker's bos and the first reply
         element (with the codec pad and bos embeddings added) at KV positions length, length+1;
-        returns the first code."""
+        returns the first code, (1,) on the device."""
         inputs = torch.cat([speaker_bos, first_input], dim=1) + self.codec_pad_embed
         history = self.talker_history[slot]
         history.fill_(self.codec_mask)
@@ -154,14 +159,39 @@ class ModelRunner:
         rows = torch.tensor([slot], device=self.device)
         code = self.sample_codes(logits, rows, torch.tensor([length + 1], device=self.device),
                                  mask_end, noise)
-        return int(code[0, 0])
+        return code[:, 0]
 
     def talker_step(self, slots: list[int], codes: list[int], inputs: list[torch.Tensor],
                     lengths: list[int], rope_deltas: list[int], end_masked: list[bool],
-                    generators: list[torch.Generator]) -> list[int]:
+                    generators: list[torch.Generator]) -> torch.Tensor:
         """One talker step per reply: the codec embedding of its last code + its reply
-        element, written at KV position lengths[i]; returns each reply's next code."""
+        element, written at KV position lengths[i]; returns each reply's next code, (B,) on
+        the device."""
         return self.talker_decode(slots, codes, inputs, lengths, rope_deltas, end_masked, generators)
+
+    def read(self, *ids: torch.Tensor) -> list[list[int]]:
+        """Integer tensors (1-D, on the device) as lists on the host, in one copy: the one
+        point of a decode step where the host waits for the device."""
+        if not ids:
+            return []
+        joined = torch.cat([tensor.to(torch.long) for tensor in ids])
+        if joined.is_cuda:
+            host = self._read_buffer(joined.numel())
+            host.copy_(joined, non_blocking=True)
+            torch.cuda.current_stream().synchronize()
+            values = host.tolist()
+        else:
+            values = joined.tolist()
+        out, start = [], 0
+        for tensor in ids:
+            out.append(values[start:start + tensor.numel()])
+            start += tensor.numel()
+        return out
+
+    def _read_buffer(self, size: int) -> torch.Tensor:
+        if self._pinned is None or self._pinned.numel() < size:
+            self._pinned = torch.empty(max(size, 256), dtype=torch.long, pin_memory=True)
+        return self._pinned[:size]
 
     def sample_codes(self, logits: torch.Tensor, rows: torch.Tensor, last_positions: torch.Tensor,
                      mask_end: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -232,10 +262,11 @@ class _ChunkForward:
 
 
 class _ThinkerDecode:
-    """The thinker's batched decode step: static inputs per batch bucket, a graph per
-    (bucket, window)."""
+    """The thinker's batched decode step: static inputs per batch bucket, a graph per bucket.
+    Attention reads each row up to its own length (attention.py), so one graph serves every
+    context length."""
 
-    def __init__(self, runner: ModelRunner, cuda_graphs: bool) -> None:
+    def __init__(self, runner: ModelRunner, cuda_graphs: bool, compile: bool) -> None:
         self.runner = runner
         pool = runner.thinker_pool
         device = runner.device
@@ -244,11 +275,11 @@ class _ThinkerDecode:
             self.inputs[batch] = (torch.zeros((batch, 1), dtype=torch.long, device=device),
                                   torch.zeros((3, batch, 1), dtype=torch.long, device=device),
                                   BatchView(pool, batch, 1))
-        self.graphs = capture_each(self._run, [(batch, window) for batch in runner.buckets
-                                               for window in pool.windows],
+        self.forward = compile_step(self._forward, compile)
+        self.graphs = capture_each(self._run, [(batch,) for batch in runner.buckets],
                                    runner.graph_pool) if cuda_graphs else {}
 
-    def __call__(self, slots, tokens, lengths, rope_deltas):
+    def __call__(self, slots, tokens, lengths, rope_deltas) -> ThinkerStep:
         count = len(slots)
         batch = bucket_for(count, self.runner.buckets)
         token_buffer, positions, view = self.inputs[batch]
@@ -257,25 +288,36 @@ class _ThinkerDecode:
         rope = torch.tensor([length + delta for length, delta in zip(lengths, rope_deltas)] + [0] * pad)
         positions.copy_(rope.view(1, batch, 1).expand(3, batch, 1), non_blocking=True)
         view.point(list(slots), list(lengths))
-        window = self.runner.thinker_pool.window_for(max(lengths) + 1)
-        graph = self.graphs.get((batch, window))
-        embeds, hidden, logits = graph.replay() if graph is not None else self._run(batch, window)
-        return embeds[:count].clone(), hidden[:count].clone(), logits[:count].clone()
+        graph = self.graphs.get((batch,))
+        state, logits, argmax = graph.replay() if graph is not None else self._run(batch)
+        return ThinkerStep(state[:count].clone(), logits[:count], argmax[:count])
 
-    def _run(self, batch: int, window: int):
+    def _run(self, batch: int):
         tokens, positions, view = self.inputs[batch]
-        view.window = window
+        return self.forward(tokens, positions, view)
+
+    def _forward(self, tokens, positions, view):
         thinker = self.runner.thinker
         embeds = thinker.get_input_embeddings()(tokens)
         hidden = forward(thinker.model, view, embeds, positions)
-        return embeds, hidden, thinker.lm_head(hidden[:, -1])
+        logits = thinker.lm_head(hidden[:, -1])
+        # what the talker reads of each fed token: its final hidden state + its embedding
+        return hidden + embeds, logits, logits.argmax(dim=-1)
+
+
+@dataclass
+class ThinkerStep:
+    """One thinker decode step's results, on the device, row i for the i-th reply."""
+    state: torch.Tensor   # (B, 1, H) hidden state + embedding of each fed token (a copy)
+    logits: torch.Tensor  # (B, vocab) valid until the next thinker step
+    argmax: torch.Tensor  # (B,) the greedy choice, valid until the next thinker step
 
 
 class _TalkerDecode:
     """The talker's batched decode step, sampling inside: static inputs per batch bucket, a
-    graph per (bucket, window)."""
+    graph per bucket."""
 
-    def __init__(self, runner: ModelRunner, cuda_graphs: bool) -> None:
+    def __init__(self, runner: ModelRunner, cuda_graphs: bool, compile: bool) -> None:
         self.runner = runner
         pool = runner.talker_pool
         device = runner.device
@@ -292,17 +334,18 @@ class _TalkerDecode:
                 view=BatchView(pool, batch, 1),
                 noise=torch.ones((batch, vocab), dtype=torch.float32, device=device),
                 mask_end=torch.zeros((batch, 1), dtype=torch.bool, device=device))
-        self.graphs = capture_each(self._run, [(batch, window) for batch in runner.buckets
-                                               for window in pool.windows],
+        self.forward = compile_step(self._forward, compile)
+        self.graphs = capture_each(self._run, [(batch,) for batch in runner.buckets],
                                    runner.graph_pool) if cuda_graphs else {}
 
-    def __call__(self, slots, codes, inputs, lengths, rope_deltas, end_masked, generators):
+    def __call__(self, slots, codes, inputs, lengths, rope_deltas, end_masked,
+                 generators) -> torch.Tensor:
         count = len(slots)
         batch = bucket_for(count, self.runner.buckets)
         buffers = self.inputs[batch]
         pad = batch - count
         buffers.codes.copy_(torch.tensor(codes + [0] * pad)[:, None], non_blocking=True)
-        buffers.reply[:count].copy_(torch.cat(inputs, dim=0))
+        torch.cat(inputs, dim=0, out=buffers.reply[:count])
         rope = torch.tensor([length + delta for length, delta in zip(lengths, rope_deltas)] + [0] * pad)
         buffers.positions.copy_(rope.view(1, batch, 1).expand(3, batch, 1), non_blocking=True)
         buffers.mask_end.copy_(torch.tensor(end_masked + [False] * pad)[:, None], non_blocking=True)
@@ -310,21 +353,21 @@ class _TalkerDecode:
             for row, generator in enumerate(generators):
                 self.runner.talker_sampler.draw_noise(buffers.noise[row:row + 1], generator)
         buffers.view.point(list(slots), list(lengths))
-        window = self.runner.talker_pool.window_for(max(lengths) + 1)
-        graph = self.graphs.get((batch, window))
-        code = graph.replay() if graph is not None else self._run(batch, window)
-        return code[:count, 0].tolist()
+        graph = self.graphs.get((batch,))
+        code = graph.replay() if graph is not None else self._run(batch)
+        return code[:count, 0]
 
-    def _run(self, batch: int, window: int) -> torch.Tensor:
+    def _run(self, batch: int) -> torch.Tensor:
         buffers = self.inputs[batch]
-        view = buffers.view
-        view.window = window
+        return self.forward(buffers.codes, buffers.reply, buffers.positions, buffers.view,
+                            buffers.noise, buffers.mask_end)
+
+    def _forward(self, codes, reply, positions, view, noise, mask_end) -> torch.Tensor:
         talker = self.runner.talker
-        inputs = talker.get_input_embeddings()(buffers.codes) + buffers.reply
-        hidden = forward(talker.model, view, talker.thinker_to_talker_proj(inputs), buffers.positions)
+        inputs = talker.get_input_embeddings()(codes) + reply
+        hidden = forward(talker.model, view, talker.thinker_to_talker_proj(inputs), positions)
         logits = talker.codec_head(hidden[:, -1])
-        return self.runner.sample_codes(logits, view.rows, view.write_pos[:, -1], buffers.mask_end,
-                                        buffers.noise)
+        return self.runner.sample_codes(logits, view.rows, view.write_pos[:, -1], mask_end, noise)
 
 
 @dataclass

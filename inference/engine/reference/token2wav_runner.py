@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
 
+from .compiled import compile_step
 from .cuda_graphs import CapturedStep, batch_buckets, bucket_for
 from .token2wav_stream import ChunkPlan, MelWindow, Token2WavShape
 
@@ -53,7 +54,7 @@ class Token2WavRunner:
 
     def __init__(self, token2wav, speakers: dict[str, dict], plan: ChunkPlan,
                  device: torch.device, cuda_graphs: bool = False, max_batch: int = 1,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, compile: bool = False) -> None:
         self.dit = token2wav.code2wav_dit_model
         if self.dit.proj_out.weight.dtype != dtype:  # a copy: the model may be shared
             self.dit = copy.deepcopy(self.dit).to(dtype)
@@ -67,8 +68,16 @@ class Token2WavRunner:
         self._ode_graphs: dict[tuple[int, int], _WindowOde] = {}    # by (ODE steps, batch)
         self._vocoder_graphs: dict[tuple[int, int], _Vocoder] = {}  # by (mel frames, batch)
         self.buckets = batch_buckets(max_batch)
+        # one DiT evaluation; compiled only where its shapes are fixed (the captured solves):
+        # an eager solve of an unusual window must not trigger a compile while serving
+        self.evaluate = dit_velocity(self.dit, plan.guidance_scale)
+        self.evaluate_compiled = compile_step(self.evaluate, compile and cuda_graphs)
         with torch.inference_mode():
             self.speakers = {name: self._condition(speaker) for name, speaker in speakers.items()}
+            self.speaker_index = {name: index for index, name in enumerate(self.speakers)}
+            # every speaker's condition stacked, so a batch takes its rows with one index_select
+            self.speaker_cond = torch.cat([c.cond for c in self.speakers.values()])
+            self.speaker_encoding = torch.stack([c.encoding for c in self.speakers.values()])
             # BigVGAN's dB floor, computed as its amplitude_to_db does
             self.min_level = torch.exp(torch.tensor(-115 / 20.0 * np.log(10), device=device,
                                                     dtype=torch.float32))
@@ -92,8 +101,9 @@ class Token2WavRunner:
 
     def vocode(self, mels: list[torch.Tensor]) -> list[torch.Tensor]:
         """Audio samples (1-D, on the CPU) of each mel (1, mel_dim, frames); inputs of the same
-        length are one batch."""
-        waves: list[torch.Tensor | None] = [None] * len(mels)
+        length are one batch, and all of them come to the host in one copy."""
+        order: list[int] = []
+        outputs: list[torch.Tensor] = []
         for frames in sorted({mel.shape[2] for mel in mels}):
             group = [i for i, mel in enumerate(mels) if mel.shape[2] == frames]
             batch = torch.cat([mels[i] for i in group], dim=0)
@@ -102,9 +112,16 @@ class Token2WavRunner:
             if graph is not None:
                 out = graph(batch)
             else:
-                out = mel_to_wave(self.vocoder, batch, self.min_level).reshape(len(group), -1).cpu()
-            for row, i in enumerate(group):
-                waves[i] = out[row]
+                out = mel_to_wave(self.vocoder, batch, self.min_level).reshape(len(group), -1)
+            order += group
+            outputs.append(out.reshape(-1))
+        host = torch.cat(outputs).cpu()
+        waves: list[torch.Tensor | None] = [None] * len(mels)
+        start = 0
+        for i in order:
+            samples = mels[i].shape[2] * self.shape.samples_per_frame
+            waves[i] = host[start:start + samples]
+            start += samples
         return waves
 
     # ----------------------------------------------------------------- internals
@@ -114,11 +131,10 @@ class Token2WavRunner:
         bucket = bucket_for(len(windows), self.buckets)
         graph = self._ode_graphs.get((steps, bucket)) if bucket else None
         if graph is not None and longest <= graph.frames:
-            return graph(windows, self.speakers)
+            return graph(windows)
         # eagerly: pad to the longest window of this batch
-        solve = _WindowOde(self, longest, steps, len(windows), next(iter(self.speakers.values())),
-                           capture=False)
-        return solve(windows, self.speakers)
+        solve = _WindowOde(self, longest, steps, len(windows), capture=False)
+        return solve(windows)
 
     def _condition(self, speaker: dict) -> SpeakerCondition:
         cond = speaker["cond"].to(self.device, torch.float32).reshape(1, -1)
@@ -129,12 +145,10 @@ class Token2WavRunner:
         return SpeakerCondition(cond, self.dit.input_embed.spk_encoder(reference))
 
     def _capture(self) -> None:
-        speaker = next(iter(self.speakers.values()))
         frames = self.plan.longest_window(self.shape.block)
         for steps in sorted({self.plan.steps_for(0), self.plan.steps_for(1)}):
             for batch in self.buckets:
-                self._ode_graphs[steps, batch] = _WindowOde(self, frames, steps, batch, speaker,
-                                                            capture=True)
+                self._ode_graphs[steps, batch] = _WindowOde(self, frames, steps, batch, capture=True)
         for length in self.plan.vocoder_lengths(self.shape.block):
             for batch in self.buckets:
                 self._vocoder_graphs[length, batch] = _Vocoder(self, length, batch)
@@ -148,7 +162,7 @@ class _WindowOde:
     a CUDA graph (or, with capture=False, run eagerly on the same buffers)."""
 
     def __init__(self, runner: Token2WavRunner, frames: int, steps: int, batch: int,
-                 speaker: SpeakerCondition, capture: bool) -> None:
+                 capture: bool) -> None:
         device = runner.device
         shape = runner.shape
         self.runner = runner
@@ -157,30 +171,39 @@ class _WindowOde:
         self.codes = torch.zeros((batch, frames // shape.repeats), dtype=torch.long, device=device)
         self.noise = torch.zeros((batch, frames, shape.mel_dim), dtype=torch.float32, device=device)
         self.valid = torch.full((batch,), frames, dtype=torch.long, device=device)
-        self.cond = speaker.cond.repeat(batch, 1)
-        self.encoding = speaker.encoding[None].repeat(batch, *[1] * speaker.encoding.dim())
+        self.speaker_rows = torch.zeros((batch,), dtype=torch.long, device=device)
+        self.cond = runner.speaker_cond[self.speaker_rows]
+        self.encoding = runner.speaker_encoding[self.speaker_rows]
         self.times = ode_times(steps, runner.plan.sway_coefficient, device)
+        self.evaluate = runner.evaluate_compiled if capture else runner.evaluate
         self.step = CapturedStep(self._solve) if capture else None
 
-    def __call__(self, windows: list[MelWindow], speakers: dict[str, SpeakerCondition]) -> list[torch.Tensor]:
-        self.codes.zero_()
+    def __call__(self, windows: list[MelWindow]) -> list[torch.Tensor]:
+        """Mel (1, mel_dim, frames) of each window, views of one copy of the batch's output."""
+        # the host-side inputs in one array each, so each is one copy to the device
+        codes = np.zeros(tuple(self.codes.shape), dtype=np.int64)
+        valid = np.full(self.batch, self.frames, dtype=np.int64)
+        speakers = np.zeros(self.batch, dtype=np.int64)
         self.noise.zero_()
-        self.valid.fill_(self.frames)
         for row, window in enumerate(windows):
             frames = window.noise.shape[1]
-            speaker = speakers[window.speaker]
-            self.codes[row, :len(window.codes)] = torch.tensor(window.codes, dtype=torch.long)
-            self.noise[row, :frames] = window.noise[0]
-            self.valid[row] = frames
-            self.cond[row] = speaker.cond[0]
-            self.encoding[row] = speaker.encoding
+            codes[row, :len(window.codes)] = window.codes
+            valid[row] = frames
+            speakers[row] = self.runner.speaker_index[window.speaker]
+            self.noise[row, :frames].copy_(window.noise[0])
+        self.codes.copy_(torch.from_numpy(codes), non_blocking=True)
+        self.valid.copy_(torch.from_numpy(valid), non_blocking=True)
+        self.speaker_rows.copy_(torch.from_numpy(speakers), non_blocking=True)
+        torch.index_select(self.runner.speaker_cond, 0, self.speaker_rows, out=self.cond)
+        torch.index_select(self.runner.speaker_encoding, 0, self.speaker_rows, out=self.encoding)
         mel = self.step.replay() if self.step is not None else self._solve()
-        return [mel[row:row + 1, :, :window.noise.shape[1]].clone()
-                for row, window in enumerate(windows)]
+        mel = mel[:len(windows)].clone()
+        return [mel[row:row + 1, :, :window.noise.shape[1]] for row, window in enumerate(windows)]
 
     def _solve(self) -> torch.Tensor:
         velocity = _WindowVelocity(self.runner.dit, self.codes, self.cond, self.encoding,
-                                   self.runner.plan.guidance_scale, valid_frames=self.valid)
+                                   self.runner.plan.guidance_scale, self.evaluate,
+                                   valid_frames=self.valid)
         return solve_ode(velocity, self.noise, self.times).permute(0, 2, 1)
 
 
@@ -193,10 +216,11 @@ class _Vocoder:
         self.step = CapturedStep(lambda: mel_to_wave(runner.vocoder, self.mel, runner.min_level))
 
     def __call__(self, mel: torch.Tensor) -> torch.Tensor:
+        """(rows, samples) on the device, valid until the next replay."""
         rows = mel.shape[0]
         self.mel[:rows].copy_(mel)
         wave = self.step.replay()
-        return wave[:rows].reshape(rows, -1).cpu()
+        return wave[:rows].reshape(rows, -1)
 
 
 class _WindowVelocity:
@@ -204,15 +228,14 @@ class _WindowVelocity:
     (with classifier-free guidance, as `sample` calls it: rows [guided × B, unconditioned × B]),
     computed from the DiT's own submodules in the same order, with everything that does not
     depend on the ODE state or time (code embeddings, speaker encoding, rotary tables, block
-    mask) computed once. `codes` (B, codes), `cond` (B, C), `speaker_encoding` (B, 2, E) with
-    guidance, else (B, 1, E); `valid_frames` (B,) marks each row's frames after it as padding
-    (see module doc)."""
+    mask) computed once; each evaluation is `evaluate` (`dit_velocity`'s, maybe compiled).
+    `codes` (B, codes), `cond` (B, C), `speaker_encoding` (B, 2, E) with guidance, else (B, 1,
+    E); `valid_frames` (B,) marks each row's frames after it as padding (see module doc)."""
 
     def __init__(self, dit, codes: torch.Tensor, cond: torch.Tensor, speaker_encoding: torch.Tensor,
-                 guidance_scale: float, valid_frames: torch.Tensor | None = None) -> None:
-        self.dit = dit
-        self.dtype = dtype = dit.proj_out.weight.dtype
-        self.guidance = guidance_scale
+                 guidance_scale: float, evaluate: Callable, valid_frames: torch.Tensor | None = None) -> None:
+        self.evaluate = evaluate
+        dtype = dit.proj_out.weight.dtype
         self.cfg = guidance_scale >= 1e-5
         frames = codes.shape[1] * dit.repeats
         code_embed = dit.text_embed(codes, drop_code=False)
@@ -240,23 +263,35 @@ class _WindowVelocity:
             self.block_diff = torch.where(same_side, block_diff, _APART)[:, None]
 
     def __call__(self, time_step: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        dit = self.dit
-        rows = state.shape[0] * (2 if self.cfg else 1)
+        return self.evaluate(time_step, state, self.condition, self.rotary, self.block_diff)
+
+
+def dit_velocity(dit, guidance_scale: float) -> Callable:
+    """One evaluation of the ODE's right-hand side, as a function of tensors only (what
+    torch.compile takes): `Qwen2_5OmniToken2WavDiTModel.forward` from its own submodules, with
+    classifier-free guidance as `sample` applies it."""
+    dtype = dit.proj_out.weight.dtype
+    cfg = guidance_scale >= 1e-5
+
+    def evaluate(time_step: torch.Tensor, state: torch.Tensor, condition: tuple,
+                 rotary: tuple, block_diff: torch.Tensor) -> torch.Tensor:
+        rows = state.shape[0] * (2 if cfg else 1)
         # DiTTimestepEmbedding, with the sinusoid of the (float32) time computed in float32
-        time_embedding = dit.time_embed.time_embed(time_step.reshape(1).repeat(rows)).to(self.dtype)
+        time_embedding = dit.time_embed.time_embed(time_step.reshape(1).repeat(rows)).to(dtype)
         for layer in dit.time_embed.time_mlp:
             time_embedding = layer(time_embedding)
-        state = state.to(self.dtype)
-        hidden = torch.cat([state, state], dim=0) if self.cfg else state
-        hidden = dit.input_embed.proj(torch.cat((hidden, *self.condition), dim=-1))
+        state = state.to(dtype)
+        hidden = torch.cat([state, state], dim=0) if cfg else state
+        hidden = dit.input_embed.proj(torch.cat((hidden, *condition), dim=-1))
         for block in dit.transformer_blocks:
-            hidden = block(hidden, time_embedding, position_embeddings=self.rotary,
-                           block_diff=self.block_diff)
+            hidden = block(hidden, time_embedding, position_embeddings=rotary, block_diff=block_diff)
         output = dit.proj_out(dit.norm_out(hidden, time_embedding)).float()
-        if not self.cfg:
+        if not cfg:
             return output
         guided, unconditioned = torch.chunk(output, 2, dim=0)
-        return guided + (guided - unconditioned) * self.guidance
+        return guided + (guided - unconditioned) * guidance_scale
+
+    return evaluate
 
 
 def ode_times(steps: int, sway_coefficient: float | None, device: torch.device) -> torch.Tensor:

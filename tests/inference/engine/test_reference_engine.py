@@ -491,11 +491,10 @@ def test_batched_padded_dit_windows_equal_each_window_alone(engine):
     windows = [MelWindow(codes, torch.randn(1, len(codes) * 2, 80, generator=generator), 4, voice)
                for codes, voice in (([5, 9, 13] * 8, "Chelsie"), ([1, 2, 3, 4, 5] * 4 + [6], "Ethan"),
                                     ([7] * 12, "Chelsie"))]  # 48, 42 and 24 frames
-    padded = _WindowOde(runner, frames=120, steps=4, batch=4, speaker=runner.speakers["Chelsie"],
-                        capture=False)
+    padded = _WindowOde(runner, frames=120, steps=4, batch=4, capture=False)
     with torch.inference_mode():
         alone = [runner.sample([window])[0] for window in windows]
-        batched = padded(windows, runner.speakers)
+        batched = padded(windows)
     for mel, expected in zip(batched, alone):
         assert mel.shape == expected.shape
         torch.testing.assert_close(mel, expected, rtol=1e-5, atol=1e-5)
