@@ -8,6 +8,7 @@ cache at work). On a CPU, `--tiny` runs the same path on tiny-random.
     python bench/reference_gpu.py                        # GPU: 1, 4, 8, 16, 32, 64 sessions + 40 turns
     python bench/reference_gpu.py --sessions 1,16 --conversation 0
     python bench/reference_gpu.py --check --variants default,latency-first
+    python bench/reference_gpu.py --sessions 1 --conversation 0 --steady 4,8,16,24,32
     python bench/reference_gpu.py --tiny                 # CPU: 1 and 4 sessions, 10 turns
 
 Per level it prints first audio p50/p95, the silence a listener playing each packet on
@@ -16,10 +17,25 @@ arrival hears after the first packet (p50 and worst), RTF (wall time of a reply 
 second by all sessions together, and its ratio to one session's), queue wait p95, the largest
 decode batch and GPU memory. The conversation prints first audio per turn and turn N / turn 2.
 
+`--steady LEVELS` measures the way calls really arrive: at each level that many calls start
+staggered over `--stagger` seconds; each caller speaks `--input-seconds` (its request goes
+in at the end of its speech), hears the reply in real time, then speaks again, for
+`--steady-seconds`; its conversation grows turn by turn on its own session (the prefix cache
+at work). Per level: first audio p50/p95, the share of replies whose listener hears more than
+0.1 s of silence after the first packet (and that silence's p50), and what the engine loop
+did (decode step and token2wav run times, batch sizes); then one closing line,
+`calls per GPU (steady, gap-free): N`, the largest level with first audio p95 ≤ 0.6 s and at
+most 5 % of replies with silence.
+
+`--profile-steps` times every captured CUDA graph once the engine is up (decode steps per
+batch bucket, ODE solves per (steps, batch, frames), vocoder chunks), in milliseconds: what
+`bench/schedule_sim.py`'s cost model needs (`--costs-out FILE` writes them as JSON).
+
 `--variants` runs several engine configurations over the one model (the first at every
-level, the others at `--variant-sessions`, default the first level; see VARIANTS). `--check` first runs tiny-random in
-float32 on the GPU with and without CUDA graphs and compares the replies (greedy talker): the
-graph path must not change them.
+level, the others at `--variant-sessions`, default the first level; see VARIANTS). `--check`
+first runs tiny-random in float32 on the GPU eagerly (no graphs, nothing compiled) and as
+configured (CUDA graphs, compiled steps) and compares the replies (greedy talker): text and
+codes must be equal and the audio within 1e-3.
 
 Sizes: the thinker and audio encoder are the 7B checkpoint's (transformers' defaults match
 it: hidden 3584, 28 layers, 28 heads / 4 KV heads, vocab 152064; audio encoder 32 layers,
@@ -36,6 +52,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import logging
 import os
 import platform
@@ -53,6 +70,7 @@ from inference.engine import (  # noqa: E402
     AssistantText, AudioDelta, Finished, GenerationRequest, UserAudio, UserText,
 )
 from inference.engine.reference import ReferenceEngine  # noqa: E402
+from inference.engine.reference.core import LoopStats  # noqa: E402
 from inference.engine.reference.loading import LoadedModel, load_model  # noqa: E402
 from inference.engine.reference.sampling import TALKER_SAMPLING  # noqa: E402
 
@@ -60,7 +78,9 @@ SPEAKER_REF_FRAMES = 300
 
 VARIANTS = {
     "default": {},
-    "no-graphs": dict(cuda_graphs=False),
+    "eager": dict(cuda_graphs=False, compile=False),
+    "no-compile": dict(compile=False),               # CUDA graphs of the eager modules
+    "chunk2-ramp2": dict(chunk_blocks=2, ramp_chunks=2),
     # transformers' own settings: 10 ODE steps, look-ahead for every chunk, 2-block chunks
     "quality": dict(ode_steps=10, chunk_blocks=2, first_lookahead_blocks=1, first_ode_steps=10),
     "latency-first": dict(first_lookahead_blocks=0),
@@ -196,6 +216,7 @@ async def one_session(engine: ReferenceEngine, index: int, args, request=None) -
         "audio_s": t.get("audio_s", 0.0),
         "rtf": wall / t["audio_s"] if t.get("audio_s") else float("nan"),
         "wall_s": wall,
+        "played_until": played_until if played_until is not None else time.monotonic(),
         "peak": peak,
         "non_finite_samples": non_finite,
         "text": "".join(text),
@@ -228,13 +249,20 @@ async def run(args) -> None:
     print(machine_info(device), flush=True)
     if args.check:
         await check_graphs(device)
-    options = dict(device=str(device), kv_slots=max(levels + variant_levels),
+    steady = [int(n) for n in args.steady.split(",")] if args.steady else []
+    options = dict(device=str(device), kv_slots=max(levels + variant_levels + steady),
                    context_tokens=args.context_tokens,
                    max_audio_seconds=args.audio_seconds, min_audio_seconds=args.audio_seconds,
                    max_new_tokens=args.max_tokens, seed=0)
     for option in ("ode_steps", "first_chunk_blocks", "chunk_blocks", "lookahead_blocks"):
         if getattr(args, option) is not None:  # otherwise the engine's default
             options[option] = getattr(args, option)
+    for pair in args.engine_option:
+        key, _, value = pair.partition("=")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
     if args.tiny:
         name = "tiny-random"
         loaded = await asyncio.to_thread(load_model, name, device, torch.float32)
@@ -265,6 +293,8 @@ async def run_variant(name: str, loaded: LoadedModel, variant: str, options: dic
           f"KV slots {engine.capacity}  graphs: token2wav {engine.runner.token2wav.graphed}  "
           f"GPU memory in use {gpu_memory(device)}", flush=True)
     await one_session(engine, 999, args)  # untimed extra warm-up
+    if args.profile_steps and device.type == "cuda":
+        profile_steps(engine, args)
     header = (f"{'sessions':>8} {'ttfa p50':>9} {'ttfa p95':>9} {'gap p50':>8} {'gap max':>8} "
               f"{'RTF p50':>8} {'RTF p95':>8} {'audio/s':>8} {'speedup':>8} {'queue p95':>9} "
               f"{'batch':>6} {'GPU mem':>8}")
@@ -272,7 +302,7 @@ async def run_variant(name: str, loaded: LoadedModel, variant: str, options: dic
     single_speed = None
     for n in levels:
         results: list[dict] = []
-        engine.core.largest_batch = 0
+        engine.core.stats = LoopStats()
         wall = 0.0
         for repeat in range(args.repeats):
             round_started = time.monotonic()
@@ -287,7 +317,7 @@ async def run_variant(name: str, loaded: LoadedModel, variant: str, options: dic
         print(f"{n:>8} {pct(col('first_audio_s'), 50):>8.3f}s {pct(col('first_audio_s'), 95):>8.3f}s "
               f"{med('stall_s'):>7.2f}s {max(col('stall_s')):>7.2f}s {pct(col('rtf'), 50):>8.3f} "
               f"{pct(col('rtf'), 95):>8.3f} {speed:>8.2f} {speedup} "
-              f"{pct(col('queue_wait_s'), 95):>8.3f}s {engine.core.largest_batch:>6} "
+              f"{pct(col('queue_wait_s'), 95):>8.3f}s {engine.core.stats.largest_batch:>6} "
               f"{gpu_memory(device):>8}", flush=True)
         print("         first audio, phase by phase (medians, ms): "
               + "  ".join(f"{key.removesuffix('_s')} {1000 * med(key):.1f}" for key in PHASES)
@@ -299,9 +329,115 @@ async def run_variant(name: str, loaded: LoadedModel, variant: str, options: dic
           "decode batch; phases: GPU time between CUDA events (prefill = audio encoder + "
           "thinker prefill; talker_prefill includes the first thinker step; "
           "first_chunk_decode = decode steps until the first chunk's codes)")
+    if args.steady and variant == args.variants.split(",")[0]:
+        await run_steady(engine, [int(n) for n in args.steady.split(",")], args)
     if turns:
         await run_conversation(engine, turns, args)
     await engine.close()
+
+
+def loop_line(stats: LoopStats, wall: float) -> str:
+    """What the engine loop did over `wall` seconds."""
+    steps = max(stats.steps, 1)
+    runs = max(stats.token2wav_runs, 1)
+    return (f"loop: {stats.steps / wall:.0f} steps/s, decode {1000 * stats.decode_s / steps:.1f} ms "
+            f"a step (thinker batch {stats.thinker_rows / steps:.1f}, talker batch "
+            f"{stats.talker_rows / steps:.1f}); token2wav {stats.token2wav_runs / wall:.1f} runs/s, "
+            f"{1000 * stats.token2wav_s / runs:.1f} ms and {stats.token2wav_rows / runs:.1f} "
+            f"replies a run; busy {100 * (stats.decode_s + stats.token2wav_s) / wall:.0f} % "
+            f"(decode {100 * stats.decode_s / wall:.0f} %, token2wav {100 * stats.token2wav_s / wall:.0f} %)")
+
+
+async def run_steady(engine: ReferenceEngine, levels: list[int], args) -> None:
+    """Calls as they really arrive (see the module doc), one level after another."""
+    print(f"\n== steady state: calls start over {args.stagger:g} s; each speaks "
+          f"{args.input_seconds:g} s, hears the reply in real time, speaks again; "
+          f"{args.steady_seconds:g} s per level", flush=True)
+    print(f"{'calls':>6} {'replies':>8} {'first p50':>10} {'first p95':>10} {'gapped':>7} "
+          f"{'silence p50':>12} {'prefilled p50':>14}", flush=True)
+    best = 0
+    for calls in levels:
+        engine.core.stats = LoopStats()
+        started = time.monotonic()
+        turns = await asyncio.gather(*(steady_caller(engine, calls, index, started, args)
+                                       for index in range(calls)))
+        wall = time.monotonic() - started
+        results = [result for caller in turns for result in caller]
+        firsts = [r["first_audio_s"] for r in results]
+        gapped = [r["stall_s"] for r in results if r["stall_s"] > GAP_S]
+        share = len(gapped) / max(len(results), 1)
+        p95 = pct(firsts, 95)
+        print(f"{calls:>6} {len(results):>8} {pct(firsts, 50):>9.3f}s {p95:>9.3f}s "
+              f"{100 * share:>6.0f}% {pct(gapped, 50) if gapped else 0.0:>11.2f}s "
+              f"{pct([r['prefill_tokens'] for r in results], 50):>14.0f}", flush=True)
+        print("       " + loop_line(engine.core.stats, wall), flush=True)
+        if p95 <= STEADY_FIRST_AUDIO_S and share <= STEADY_GAPPED:
+            best = max(best, calls)
+    print(f"calls per GPU (steady, gap-free): {best}", flush=True)
+
+
+GAP_S = 0.1                  # silence a listener hears after the first packet that counts
+STEADY_FIRST_AUDIO_S = 0.6   # first audio p95 at a level that counts as carried
+STEADY_GAPPED = 0.05         # share of replies with silence at such a level
+
+
+async def steady_caller(engine: ReferenceEngine, calls: int, index: int, started: float,
+                        args) -> list[dict]:
+    """One call: speak, hear the reply in real time, speak again, until the level's time is up."""
+    await asyncio.sleep(args.stagger * index / max(calls - 1, 1))
+    session = f"steady-{calls}-{index}"
+    context: list = []
+    results = []
+    turn = 0
+    while True:
+        await asyncio.sleep(args.input_seconds)  # the caller is speaking
+        if time.monotonic() - started > args.steady_seconds:
+            break
+        turn += 1
+        seed = 100_000 * calls + 1000 * index + turn
+        request = bench_request(seed, args, context=list(context), session_id=session)
+        result = await one_session(engine, seed, args, request=request)
+        results.append(result)
+        context = request.context + [AssistantText(result["text"])]
+        await asyncio.sleep(max(0.0, result["played_until"] - time.monotonic()))  # listening
+    engine.end_session(session)
+    return results
+
+
+def profile_steps(engine: ReferenceEngine, args) -> None:
+    """Each captured CUDA graph's replay time, median of 20 (ms), with every decode view on
+    the pool's scratch row so no session's KV is touched."""
+    import json
+
+    runner = engine.runner
+
+    def timed(step) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(20):
+            start.record()
+            step.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return statistics.median(times)
+
+    costs: dict[str, dict] = {"thinker": {}, "talker": {}, "ode": {}, "vocoder": {}}
+    for name, decode in (("thinker", runner.thinker_decode), ("talker", runner.talker_decode)):
+        for (batch,), step in sorted(decode.graphs.items()):
+            inputs = decode.inputs[batch]
+            view = inputs[2] if isinstance(inputs, tuple) else inputs.view
+            view.point([], [])
+            costs[name][batch] = timed(step)
+    for (steps, batch, frames), solve in sorted(runner.token2wav._ode_graphs.items()):
+        costs["ode"][f"{steps}/{batch}/{frames}"] = timed(solve.step)
+    for (frames, batch), vocoder in sorted(runner.token2wav._vocoder_graphs.items()):
+        costs["vocoder"][f"{frames}/{batch}"] = timed(vocoder.step)
+    print("\n== captured steps (ms, median of 20 replays)", flush=True)
+    for name, table in costs.items():
+        print(f"{name:>8}: " + "  ".join(f"{key} {ms:.2f}" for key, ms in table.items()), flush=True)
+    if args.costs_out:
+        Path(args.costs_out).write_text(json.dumps(costs, indent=1))
 
 
 async def run_conversation(engine: ReferenceEngine, turns: int, args) -> None:
@@ -333,7 +469,7 @@ async def check_graphs(device: torch.device) -> None:
     loaded = await asyncio.to_thread(load_model, "tiny-random", device, torch.float32)
     greedy = dataclasses.replace(TALKER_SAMPLING, do_sample=False)
     replies = {}
-    for variant in ("no-graphs", "default"):
+    for variant in ("eager", "default"):
         engine = ReferenceEngine("tiny-random", device=str(device), dtype="float32", seed=7,
                                  max_audio_seconds=3.0, min_audio_seconds=2.0, max_new_tokens=40,
                                  warmup=False, kv_slots=4, **VARIANTS[variant])
@@ -357,12 +493,13 @@ async def check_graphs(device: torch.device) -> None:
         await engine.close()
     worst = 0.0
     same = True
-    for (text, audio, codes), (g_text, g_audio, g_codes) in zip(replies["no-graphs"], replies["default"]):
+    for (text, audio, codes), (g_text, g_audio, g_codes) in zip(replies["eager"], replies["default"]):
         same = same and text == g_text and codes == g_codes and len(audio) == len(g_audio)
         if len(audio) == len(g_audio):
             worst = max(worst, float(np.abs(audio - g_audio).max()))
-    print(f"CHECK {'PASS' if same and worst < 1e-3 else 'FAIL'}: 4 concurrent replies, text and "
-          f"codes equal {same}, max |audio diff| {worst:.2e}", flush=True)
+    print(f"CHECK {'PASS' if same and worst < 1e-3 else 'FAIL'}: 4 concurrent replies, eager "
+          f"against CUDA graphs + compiled steps: text and codes equal {same}, max |audio diff| "
+          f"{worst:.2e}", flush=True)
 
 
 def main() -> None:
@@ -388,7 +525,15 @@ def main() -> None:
     parser.add_argument("--variant-sessions", default=None,
                         help="levels for the variants after the first (default: the first level)")
     parser.add_argument("--check", action="store_true",
-                        help="first compare the CUDA-graph path with the eager path on tiny-random")
+                        help="first compare the graphed, compiled path with the eager path on tiny-random")
+    parser.add_argument("--steady", default="", help="steady-state call levels, e.g. 4,8,16,24,32")
+    parser.add_argument("--steady-seconds", type=float, default=50.0, help="seconds per steady level")
+    parser.add_argument("--stagger", type=float, default=6.0, help="steady calls start over this many s")
+    parser.add_argument("--profile-steps", action="store_true",
+                        help="time every captured CUDA graph after start-up")
+    parser.add_argument("--costs-out", default=None, help="write --profile-steps' times as JSON")
+    parser.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an engine option for every variant (JSON values), e.g. compile=false")
     args = parser.parse_args()
     unknown = [name for name in args.variants.split(",") if name not in VARIANTS]
     if unknown:

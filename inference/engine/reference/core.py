@@ -17,6 +17,7 @@ import logging
 import queue
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable, TypeVar
 
 import torch
@@ -39,9 +40,7 @@ class EngineCore:
         self.speaker_bos = speaker_bos
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        #: loop steps that ran model work, and the largest decode batch (for tests and benchmarks)
-        self.steps = 0
-        self.largest_batch = 0
+        self.stats = LoopStats()
 
     # ----------------------------------------------------------------- the asyncio side
 
@@ -119,6 +118,7 @@ class EngineCore:
         (the step's only wait for the device) and the replies take their results; then
         token2wav for the replies whose audio is due."""
         runner, scheduler = self.runner, self.scheduler
+        started = time.monotonic()
         plan = scheduler.schedule()
         worked = False
         for reply, start, end in plan.prefill:
@@ -153,18 +153,19 @@ class EngineCore:
                                    lambda: runner.read(*outputs)),
                        greedy if choices is not None else None, starts,
                        stepping if codes is not None else None)
-        speaking = scheduler.token2wav_batch(time.monotonic())
+        decoded = time.monotonic()
+        speaking = scheduler.token2wav_batch(decoded)
         if speaking:
             worked = True
-            self._guard(speaking, lambda: self._token2wav(speaking))
+            self._token2wav(speaking)
             scheduler.token2wav_ran(time.monotonic())
         for reply in list(scheduler.running):
             if reply.phase is Phase.DECODING and reply.complete:
                 scheduler.remove(reply)  # before its consumer hears it is done
                 self._guard([reply], reply.finish)
         if worked:
-            self.steps += 1
-            self.largest_batch = max(self.largest_batch, len(thinker), len(stepping))
+            self.stats.count(started, decoded, time.monotonic(), len(thinker), len(stepping),
+                             len(speaking))
 
     def _thinker_step(self, replies: list[Reply]) -> tuple[torch.Tensor, list[Reply]]:
         """Launch the step; replies whose next token is not the plain argmax choose it now
@@ -228,6 +229,10 @@ class EngineCore:
                     self._guard([reply], lambda: reply.after_talker_code(code))
 
     def _token2wav(self, replies: list[Reply]) -> None:
+        for part in token2wav_parts(replies):
+            self._guard(part, lambda: self._token2wav_part(part))
+
+    def _token2wav_part(self, replies: list[Reply]) -> None:
         windows = [r.audio.next_window(final=not r.audio.ready()) for r in replies]
         mels = self.runner.token2wav.sample(windows)
         waves = self.runner.token2wav.vocode(
@@ -253,3 +258,38 @@ class EngineCore:
             reply.phase = Phase.DONE
             self.scheduler.remove(reply)
             reply.emit(error)
+
+
+@dataclass
+class LoopStats:
+    """What the loop did, for benchmarks and tests: steps that ran model work, their wall
+    time (decoding: prefill, thinker, talker; token2wav), and batch sizes."""
+    steps: int = 0
+    decode_s: float = 0.0
+    token2wav_s: float = 0.0
+    token2wav_runs: int = 0
+    token2wav_rows: int = 0
+    thinker_rows: int = 0
+    talker_rows: int = 0
+    largest_batch: int = 0
+
+    def count(self, started: float, decoded: float, ended: float, thinker: int, talker: int,
+              speaking: int) -> None:
+        self.steps += 1
+        self.decode_s += decoded - started
+        self.thinker_rows += thinker
+        self.talker_rows += talker
+        self.largest_batch = max(self.largest_batch, thinker, talker)
+        if speaking:
+            self.token2wav_s += ended - decoded
+            self.token2wav_runs += 1
+            self.token2wav_rows += speaking
+
+
+def token2wav_parts(replies: list[Reply]) -> list[list[Reply]]:
+    """A token2wav batch in the order it runs: the replies whose listeners wait for their first
+    packet on their own first (their short solve, their vocoder chunk, their audio out), then
+    the rest, so a first packet never waits for a batch of later chunks."""
+    first = [r for r in replies if r.first_audio_at is None]
+    rest = [r for r in replies if r.first_audio_at is not None]
+    return [part for part in (first, rest) if part]

@@ -12,11 +12,14 @@ The loop asks three questions per step, in this order, and runs the answers:
    *realtime* one: each reply has a playback clock (audio sent vs. wall time since its first
    packet). A DiT window costs about as much for one reply as for sixteen, so chunks are made
    in batches, every ready chunk at once, most urgent first: at once when a reply waits for
-   its first packet or has all its codes, or a listener has less than `URGENT_S` of audio
-   left; when some listener has less than `playback_margin_s` left, but at most every
-   `token2wav_interval_s` counted from the end of the last batch (when every listener is
-   short, as under overload, chunks made in one batch instead of one each step keep the
-   decode steps going); otherwise token2wav waits and decode steps go on.
+   its first packet, or a listener has audio left but less than `URGENT_S` (it can still be
+   saved); when some listener has less than `playback_margin_s` left, or none at all, but at
+   most every `token2wav_interval_s` counted from the end of the last batch: a listener that
+   has already run dry waits for the interval like the rest, because when listeners run dry
+   the engine is behind, and a batch per step of whoever is ready (one or two replies) would
+   spend the GPU on DiT windows instead of the decode steps that would catch it up;
+   otherwise token2wav waits and decode steps go on. `bench/schedule_sim.py` runs this policy
+   on a cost model, to see what a change does before it runs on a GPU.
 
 Background replies (input transcription) are admitted only when no realtime reply waits, get
 prefill budget only when no realtime prompt needs it, and ride along in decode batches.
@@ -37,8 +40,9 @@ from .prompt import common_prefix
 from .reply import Phase, Reply
 
 
-# a listener with less audio than this left gets its chunk now, whatever the interval: about
-# what one batch of DiT windows and vocoder chunks takes on a GPU, with room to spare
+# a listener with less audio than this left (but some) gets its chunk now, whatever the
+# interval: about what one batch of DiT windows and vocoder chunks takes on a GPU, with room
+# to spare
 URGENT_S = 0.15
 
 
@@ -172,11 +176,11 @@ class Scheduler:
         ready = [r for r in self.running if r.wants_token2wav()]
         if not ready:
             return []
-        slack = min(r.playback_slack(now) for r in ready)
-        now_please = slack < URGENT_S or any(r.first_audio_at is None or r.talker_finished
-                                             for r in ready)
-        short = slack < self.playback_margin_s and now - self.last_token2wav >= self.token2wav_interval_s
-        if not (now_please or short):
+        slacks = [r.playback_slack(now) for r in ready]
+        first = any(r.first_audio_at is None for r in ready)
+        saveable = any(0 <= slack < URGENT_S for slack in slacks)
+        short = min(slacks) < self.playback_margin_s and now - self.last_token2wav >= self.token2wav_interval_s
+        if not (first or saveable or short):
             return []
         return sorted(ready, key=lambda r: r.playback_slack(now))
 

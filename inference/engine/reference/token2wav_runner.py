@@ -65,7 +65,7 @@ class Token2WavRunner:
             block=self.dit.block_size, repeats=self.dit.repeats,
             samples_per_frame=int(np.prod(self.vocoder.config.upsample_rates)),
             mel_dim=self.dit.mel_dim)
-        self._ode_graphs: dict[tuple[int, int], _WindowOde] = {}    # by (ODE steps, batch)
+        self._ode_graphs: dict[tuple[int, int, int], _WindowOde] = {}  # (ODE steps, batch, frames)
         self._vocoder_graphs: dict[tuple[int, int], _Vocoder] = {}  # by (mel frames, batch)
         self.buckets = batch_buckets(max_batch)
         # one DiT evaluation; compiled only where its shapes are fixed (the captured solves):
@@ -86,7 +86,7 @@ class Token2WavRunner:
 
     @property
     def graphed(self) -> dict[str, list]:
-        """What runs from CUDA graphs: (ODE steps, batch) and (vocoder frames, batch)."""
+        """What runs from CUDA graphs: (ODE steps, batch, frames) and (vocoder frames, batch)."""
         return {"ode": sorted(self._ode_graphs), "vocoder": sorted(self._vocoder_graphs)}
 
     def sample(self, windows: list[MelWindow]) -> list[torch.Tensor]:
@@ -129,9 +129,10 @@ class Token2WavRunner:
     def _solve(self, windows: list[MelWindow], steps: int) -> list[torch.Tensor]:
         longest = max(window.noise.shape[1] for window in windows)
         bucket = bucket_for(len(windows), self.buckets)
-        graph = self._ode_graphs.get((steps, bucket)) if bucket else None
-        if graph is not None and longest <= graph.frames:
-            return graph(windows)
+        fits = [frames for (s, b, frames) in self._ode_graphs if s == steps and b == bucket
+                and frames >= longest]
+        if fits:
+            return self._ode_graphs[steps, bucket, min(fits)](windows)
         # eagerly: pad to the longest window of this batch
         solve = _WindowOde(self, longest, steps, len(windows), capture=False)
         return solve(windows)
@@ -145,16 +146,16 @@ class Token2WavRunner:
         return SpeakerCondition(cond, self.dit.input_embed.spk_encoder(reference))
 
     def _capture(self) -> None:
-        frames = self.plan.longest_window(self.shape.block)
-        for steps in sorted({self.plan.steps_for(0), self.plan.steps_for(1)}):
-            for batch in self.buckets:
-                self._ode_graphs[steps, batch] = _WindowOde(self, frames, steps, batch, capture=True)
+        for steps, lengths in sorted(self.plan.windows(self.shape.block).items()):
+            for frames in lengths:
+                for batch in self.buckets:
+                    self._ode_graphs[steps, batch, frames] = _WindowOde(self, frames, steps, batch,
+                                                                        capture=True)
         for length in self.plan.vocoder_lengths(self.shape.block):
             for batch in self.buckets:
                 self._vocoder_graphs[length, batch] = _Vocoder(self, length, batch)
-        logger.info("token2wav CUDA graphs: ODE for windows up to %d frames, (steps, batch) %s; "
-                    "vocoder (frames, batch) %s", frames, sorted(self._ode_graphs),
-                    sorted(self._vocoder_graphs))
+        logger.info("token2wav CUDA graphs: ODE (steps, batch, frames) %s; vocoder (frames, "
+                    "batch) %s", sorted(self._ode_graphs), sorted(self._vocoder_graphs))
 
 
 class _WindowOde:

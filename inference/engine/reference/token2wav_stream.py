@@ -46,6 +46,9 @@ class ChunkPlan:
     sway_coefficient: float = -1.0
     first_lookahead_blocks: int | None = None  # None: lookahead_blocks
     first_ode_steps: int | None = None         # None: ode_steps
+    # chunks after the first that are as small as the first, while the listener's buffer
+    # builds up: a chunk of chunk_blocks needs that many blocks of codes more before it exists
+    ramp_chunks: int = 0
 
     def __post_init__(self) -> None:
         if self.first_chunk_blocks < 1 or self.chunk_blocks < 1:
@@ -55,9 +58,12 @@ class ChunkPlan:
             raise ValueError("look-ahead, look-back and vocoder context cannot be negative")
         if self.ode_steps < 2 or (self.first_ode_steps is not None and self.first_ode_steps < 2):
             raise ValueError("ode_steps must be at least 2")
+        if self.ramp_chunks < 0:
+            raise ValueError("ramp_chunks cannot be negative")
 
     def chunk_frames(self, chunk: int, block: int) -> int:
-        return (self.first_chunk_blocks if chunk == 0 else self.chunk_blocks) * block
+        small = chunk <= self.ramp_chunks
+        return (self.first_chunk_blocks if small else self.chunk_blocks) * block
 
     def lookahead_frames(self, chunk: int, block: int) -> int:
         first = self.first_lookahead_blocks
@@ -66,17 +72,28 @@ class ChunkPlan:
     def steps_for(self, chunk: int) -> int:
         return self.first_ode_steps if chunk == 0 and self.first_ode_steps else self.ode_steps
 
+    def windows(self, block: int) -> dict[int, list[int]]:
+        """DiT window lengths (mel frames) a reply's full chunks need, by ODE step count: the
+        first chunks', after which they repeat (a final partial chunk is never longer than
+        the longest of them)."""
+        sizes: dict[int, set[int]] = {}
+        start = 0
+        for chunk in range(self.ramp_chunks + 3):
+            frames = self.chunk_frames(chunk, block)
+            window = (min(start, self.lookback_blocks * block) + frames
+                      + self.lookahead_frames(chunk, block))
+            sizes.setdefault(self.steps_for(chunk), set()).add(window)
+            start += frames
+        return {steps: sorted(lengths) for steps, lengths in sizes.items()}
+
     def longest_window(self, block: int) -> int:
         """Frames in the longest DiT window a reply can need (a final partial chunk included)."""
-        first = self.chunk_frames(0, block) + self.lookahead_frames(0, block)
-        later = (self.lookback_blocks * block + max(self.chunk_frames(0, block), self.chunk_frames(1, block))
-                 + max(self.lookahead_frames(0, block), self.lookahead_frames(1, block)))
-        return max(first, later)
+        return max(max(lengths) for lengths in self.windows(block).values())
 
     def vocoder_lengths(self, block: int) -> list[int]:
         """Vocoder input lengths (mel frames) of the first chunks, after which they repeat."""
         lengths, left = [], 0
-        for chunk in range(3):
+        for chunk in range(self.ramp_chunks + 3):
             frames = self.chunk_frames(chunk, block)
             right = min(self.vocoder_context, self.lookahead_frames(chunk, block))
             lengths.append(left + frames + right)

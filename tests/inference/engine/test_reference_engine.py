@@ -29,7 +29,7 @@ from inference.engine.reference.reply import Reply
 from inference.engine.reference.sampling import TALKER_SAMPLING, TokenSampler
 from inference.engine.reference.tiny import build_tiny_model, ensure_tiny_model
 from inference.engine.reference.token2wav_runner import Token2WavRunner
-from inference.engine.reference.token2wav_stream import ChunkPlan, StreamingToken2Wav
+from inference.engine.reference.token2wav_stream import ChunkPlan, StreamingToken2Wav, Token2WavShape
 
 asyncio_module = pytest.mark.asyncio(loop_scope="module")
 
@@ -221,14 +221,14 @@ async def test_cancel_stops_the_worker_within_a_step(engine):
     async for delta in generation:
         if isinstance(delta, AudioDelta):
             break
-    steps_at_cancel = engine.core.steps
+    steps_at_cancel = engine.core.stats.steps
     await generation.aclose()
     for _ in range(300):
         if engine.load().running == 0:
             break
         await asyncio.sleep(0.05)
     assert engine.load().running == 0
-    assert engine.core.steps - steps_at_cancel <= 1
+    assert engine.core.stats.steps - steps_at_cancel <= 1
     stopped_at = engine.core.steps
     await asyncio.sleep(0.2)
     assert engine.core.steps == stopped_at
@@ -556,6 +556,31 @@ def test_first_chunk_can_skip_its_lookahead(engine):
     assert plan.vocoder_lengths(24) == [24, 88]
 
 
+def test_chunks_ramp_up_to_their_size_and_graphs_cover_every_window():
+    """ramp_chunks: the chunks after the first stay one block while the listener's buffer
+    builds up, then grow to chunk_blocks; the windows the graphs are captured for are every
+    full chunk's (by ODE step count), and a stream's windows never exceed them."""
+    plan = ChunkPlan(first_chunk_blocks=1, chunk_blocks=2, ramp_chunks=2, ode_steps=5,
+                     first_ode_steps=3)
+    assert [plan.chunk_frames(chunk, 24) // 24 for chunk in range(6)] == [1, 1, 1, 2, 2, 2]
+    # first: 1 block + 1 ahead; then 1 or 2 blocks behind + the chunk + 1 ahead
+    assert plan.windows(24) == {3: [48], 5: [72, 96, 120]}
+    shape = Token2WavShape(block=24, repeats=2, samples_per_frame=240, mel_dim=8)
+    stream = StreamingToken2Wav(shape, "Ethan", plan, torch.Generator().manual_seed(0),
+                                torch.device("cpu"))
+    seen = []
+    for code in range(200):
+        stream.push(code)
+        while stream.ready():
+            window = stream.next_window()
+            seen.append((window.steps, window.noise.shape[1]))
+            stream.vocoder_input(torch.zeros(1, 8, window.noise.shape[1]))
+            stream.take_audio(torch.zeros(240 * 200))
+    assert seen[:5] == [(3, 48), (5, 72), (5, 96), (5, 120), (5, 120)]
+    final = stream.next_window(final=True)
+    assert final.noise.shape[1] <= max(plan.windows(24)[final.steps])
+
+
 # --------------------------------------------------------------------------- the engine loop
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -875,9 +900,9 @@ def test_token2wav_runs_in_batches_yet_no_listener_runs_dry():
     from inference.engine.reference.scheduler import Scheduler, SlotTable
 
     class Speaking:
-        def __init__(self, name, sent_s, first_at):
+        def __init__(self, name, sent_s, first_at, finished=False):
             self.name, self.sent_s, self.first_audio_at = name, sent_s, first_at
-            self.talker_finished = False
+            self.talker_finished = finished
 
         def wants_token2wav(self):
             return True
@@ -897,6 +922,16 @@ def test_token2wav_runs_in_batches_yet_no_listener_runs_dry():
     scheduler.token2wav_ran(1.0)
     scheduler.running = [comfortable, dry]                # c has 0.1 s left: it cannot wait
     assert scheduler.token2wav_batch(1.1) == [dry, comfortable]
+    scheduler.token2wav_ran(1.15)
+    # at 1.3 c ran dry 0.1 s ago: the engine is behind, and c waits for the interval like the
+    # rest (a batch for whoever is ready at every step would starve the decode steps)
+    assert scheduler.token2wav_batch(1.3) == []
+    assert scheduler.token2wav_batch(1.41) == [dry, comfortable]
+    # codes complete: the last chunk comes when its listener needs it, like any other
+    done = Speaking("e", 1.5, 0.5, finished=True)
+    scheduler.running = [done]
+    scheduler.token2wav_ran(1.0)
+    assert scheduler.token2wav_batch(1.1) == []
     first = Speaking("d", 0.0, 0.0)
     first.first_audio_at = None
     first.arrived = 0.9
