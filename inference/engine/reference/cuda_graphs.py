@@ -18,9 +18,13 @@ the graph for 8 with three padding rows.
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Callable
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 class CapturedStep:
@@ -60,6 +64,10 @@ def bucket_for(batch: int, buckets: list[int]) -> int | None:
     return next((size for size in buckets if size >= batch), None)
 
 
-def capture_each(function: Callable[..., object], keys, pool=None) -> dict:
+def capture_each(function: Callable[..., object], keys, pool=None, name: str = "") -> dict:
     """One graph per key, capturing `function(*key)` (e.g. keys (batch bucket, window))."""
-    return {key: CapturedStep(lambda key=key: function(*key), pool=pool) for key in keys}
+    started = time.monotonic()
+    graphs = {key: CapturedStep(lambda key=key: function(*key), pool=pool) for key in keys}
+    logger.info("captured %d graphs of %s in %.1f s (compiling included, if any)", len(graphs),
+                name or getattr(function, "__qualname__", "a step"), time.monotonic() - started)
+    return graphs

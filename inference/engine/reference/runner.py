@@ -232,7 +232,7 @@ class _ChunkForward:
                               BatchView(pool, 1, size)) for size in self.buckets}
         self.graphs = capture_each(self._run, [(size, window) for size in self.buckets
                                                for window in pool.windows if window >= size],
-                                   runner.graph_pool) if cuda_graphs else {}
+                                   runner.graph_pool, "prompt chunks") if cuda_graphs else {}
 
     def __call__(self, slot: int, inputs: torch.Tensor, positions: torch.Tensor,
                  start: int) -> torch.Tensor:
@@ -277,7 +277,7 @@ class _ThinkerDecode:
                                   BatchView(pool, batch, 1))
         self.forward = compile_step(self._forward, compile)
         self.graphs = capture_each(self._run, [(batch,) for batch in runner.buckets],
-                                   runner.graph_pool) if cuda_graphs else {}
+                                   runner.graph_pool, "thinker decode") if cuda_graphs else {}
 
     def __call__(self, slots, tokens, lengths, rope_deltas) -> ThinkerStep:
         count = len(slots)
@@ -336,7 +336,7 @@ class _TalkerDecode:
                 mask_end=torch.zeros((batch, 1), dtype=torch.bool, device=device))
         self.forward = compile_step(self._forward, compile)
         self.graphs = capture_each(self._run, [(batch,) for batch in runner.buckets],
-                                   runner.graph_pool) if cuda_graphs else {}
+                                   runner.graph_pool, "talker decode") if cuda_graphs else {}
 
     def __call__(self, slots, codes, inputs, lengths, rope_deltas, end_masked,
                  generators) -> torch.Tensor:
@@ -359,15 +359,19 @@ class _TalkerDecode:
 
     def _run(self, batch: int) -> torch.Tensor:
         buffers = self.inputs[batch]
-        return self.forward(buffers.codes, buffers.reply, buffers.positions, buffers.view,
-                            buffers.noise, buffers.mask_end)
+        view = buffers.view
+        logits = self.forward(buffers.codes, buffers.reply, buffers.positions, view)
+        # sampling stays out of the compiled part: inductor (torch 2.11) fails to generate the
+        # top-p cumulative sum over the codec vocabulary for a symbolic batch; eager in the
+        # graph it is a few small kernels
+        return self.runner.sample_codes(logits, view.rows, view.write_pos[:, -1], buffers.mask_end,
+                                        buffers.noise)
 
-    def _forward(self, codes, reply, positions, view, noise, mask_end) -> torch.Tensor:
+    def _forward(self, codes, reply, positions, view) -> torch.Tensor:
         talker = self.runner.talker
         inputs = talker.get_input_embeddings()(codes) + reply
         hidden = forward(talker.model, view, talker.thinker_to_talker_proj(inputs), positions)
-        logits = talker.codec_head(hidden[:, -1])
-        return self.runner.sample_codes(logits, view.rows, view.write_pos[:, -1], mask_end, noise)
+        return talker.codec_head(hidden[:, -1])
 
 
 @dataclass

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -146,6 +147,7 @@ class Token2WavRunner:
         return SpeakerCondition(cond, self.dit.input_embed.spk_encoder(reference))
 
     def _capture(self) -> None:
+        started = time.monotonic()
         for steps, lengths in sorted(self.plan.windows(self.shape.block).items()):
             for frames in lengths:
                 for batch in self.buckets:
@@ -154,8 +156,9 @@ class Token2WavRunner:
         for length in self.plan.vocoder_lengths(self.shape.block):
             for batch in self.buckets:
                 self._vocoder_graphs[length, batch] = _Vocoder(self, length, batch)
-        logger.info("token2wav CUDA graphs: ODE (steps, batch, frames) %s; vocoder (frames, "
-                    "batch) %s", sorted(self._ode_graphs), sorted(self._vocoder_graphs))
+        logger.info("token2wav CUDA graphs in %.1f s: ODE (steps, batch, frames) %s; vocoder "
+                    "(frames, batch) %s", time.monotonic() - started, sorted(self._ode_graphs),
+                    sorted(self._vocoder_graphs))
 
 
 class _WindowOde:
