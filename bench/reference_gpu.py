@@ -294,7 +294,11 @@ async def run_variant(name: str, loaded: LoadedModel, variant: str, options: dic
           f"GPU memory in use {gpu_memory(device)}", flush=True)
     await one_session(engine, 999, args)  # untimed extra warm-up
     if args.profile_steps and device.type == "cuda":
-        profile_steps(engine, args)
+        try:
+            with torch.inference_mode():  # the graphs' buffers are inference tensors
+                profile_steps(engine, args)
+        except Exception:  # a measurement aid: never the reason a run is lost
+            logging.exception("--profile-steps failed")
     header = (f"{'sessions':>8} {'ttfa p50':>9} {'ttfa p95':>9} {'gap p50':>8} {'gap max':>8} "
               f"{'RTF p50':>8} {'RTF p95':>8} {'audio/s':>8} {'speedup':>8} {'queue p95':>9} "
               f"{'batch':>6} {'GPU mem':>8}")
