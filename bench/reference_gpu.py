@@ -248,7 +248,7 @@ async def run(args) -> None:
     variant_levels = [int(n) for n in (args.variant_sessions or str(levels[0])).split(",")]
     print(machine_info(device), flush=True)
     if args.check:
-        await check_graphs(device)
+        await check_graphs(device, args)
     steady = [int(n) for n in args.steady.split(",")] if args.steady else []
     options = dict(device=str(device), kv_slots=max(levels + variant_levels + steady),
                    context_tokens=args.context_tokens,
@@ -464,7 +464,7 @@ async def run_conversation(engine: ReferenceEngine, turns: int, args) -> None:
         print(f"turn {turns} / turn 2 first audio: {firsts[-1] / firsts[1]:.2f}", flush=True)
 
 
-async def check_graphs(device: torch.device) -> None:
+async def check_graphs(device: torch.device, args) -> None:
     """tiny-random, float32, greedy talker: the CUDA-graph path's replies equal the eager's,
     for four concurrent replies."""
     if device.type != "cuda":
@@ -474,7 +474,9 @@ async def check_graphs(device: torch.device) -> None:
     greedy = dataclasses.replace(TALKER_SAMPLING, do_sample=False)
     replies = {}
     for variant in ("eager", "default"):
-        engine = ReferenceEngine("tiny-random", device=str(device), dtype="float32", seed=7,
+        cache = {key: value for key, value in (pair.partition("=")[::2] for pair in args.engine_option)
+                 if key == "compile_cache_dir"}
+        engine = ReferenceEngine("tiny-random", device=str(device), dtype="float32", seed=7, **cache,
                                  max_audio_seconds=3.0, min_audio_seconds=2.0, max_new_tokens=40,
                                  warmup=False, kv_slots=4, **VARIANTS[variant])
         engine.settings = dataclasses.replace(engine.settings, talker_sampling=greedy)

@@ -2,9 +2,9 @@
 
 The engine registers `pool_attention` with transformers' `AttentionInterface` under the name
 "omni_pool" and sets the thinker's and talker's text configs to it. Their layers then call,
-per layer: `past_key_values.update(k, v, layer)` (our `BatchView`: it writes the new keys and
-values into the pool and hands back the layer's whole pool) and `pool_attention(module, q,
-k_pool, v_pool, mask, ...)`, where `mask` is that same `BatchView`: which pool rows take part
+per layer: `past_key_values.update(k, v, layer)` (our `LayerView`: it writes the new keys and
+values into the layer's pool and hands back that whole pool) and `pool_attention(module, q,
+k_pool, v_pool, mask, ...)`, where `mask` is that same `LayerView`: which pool rows take part
 and where each row's new tokens sit. Anything else (transformers' own `generate()` on the same
 modules, with a `DynamicCache` and a tensor mask) goes to transformers' sdpa unchanged.
 
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from .kv_pool import BatchView
+from .kv_pool import LayerView
 
 NAME = "omni_pool"
 
@@ -69,10 +69,10 @@ def pool_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
                    value: torch.Tensor, attention_mask, scaling: float | None = None,
                    **kwargs) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract: query (B, Hq, n, D) → (B, n, Hq, D)."""
-    if not isinstance(attention_mask, BatchView):
+    if not isinstance(attention_mask, LayerView):
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       scaling=scaling, **kwargs)
-    view = attention_mask
+    view = attention_mask.view
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if query.shape[2] == 1:
         out = decode_attention(query[:, :, 0], key, value, view.rows, view.write_pos[:, 0] + 1, scale)

@@ -6,14 +6,15 @@ the padding rows of a batch write into. A reply owns one slot (the same index in
 for its lifetime; between a session's turns the slot may stay filled as its prefix cache.
 
 A forward reads and writes the pool through a `BatchView`: which rows take part (`rows`, B),
-where each row's new tokens go (`write_pos`, B × n) and how many slots attention reads
-(`window`). All three are device tensors or plain ints fixed for a CUDA graph, so one graph
-per (batch size, window) serves any mix of rows and lengths. transformers' decoder layers
-only call `cache.update(keys, values, layer_idx)` and then their attention function with the
-mask they were given; a text model given a ready-made mask (a dict keyed by layer type)
-builds none of its own. So the view is both: the cache (`update` writes the new keys and
-values into the pool) and the mask (attention.py's `pool_attention` reads which rows and
-positions take part from it). That is the whole contract.
+where each row's new tokens go (`write_pos`, B × n) and how many slots a prompt chunk's
+attention reads (`window`). Its tensors are static, so one CUDA graph per batch size serves
+any mix of rows and lengths. `forward` runs a Qwen2.5-Omni text model's layers itself (its
+rotary table, each decoder layer, its final norm: what the model's own forward does once it
+has a mask) and hands each layer that layer's `LayerView`, as both its cache and its mask: a
+transformers decoder layer only calls `cache.update(keys, values, layer_idx)` and then its
+attention function with the mask it was given, and attention.py's `pool_attention` reads rows
+and positions from the view. Each layer's view carries its own pool tensors, so one compiled
+function serves every layer of a model (compiled.py): nothing in it depends on which layer.
 
 Decode steps attend each row up to its own length straight from the pool (attention.py);
 prompt chunks gather `window` slots and `mask()` hides the slots past each query's position,
@@ -21,6 +22,8 @@ so the math is the dynamic cache's (masked slots get exactly zero weight).
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
@@ -73,6 +76,7 @@ class BatchView:
         self.rows = torch.full((batch,), pool.scratch, dtype=torch.long, device=pool.device)
         self.write_pos = torch.zeros((batch, queries), dtype=torch.long, device=pool.device)
         self.window = pool.windows[0]
+        self.layers = [LayerView(self, keys, values) for keys, values in zip(pool.keys, pool.values)]
 
     def point(self, rows: list[int], starts: list[int]) -> None:
         """Row i of the batch is pool row `rows[i]`, its new tokens at `starts[i]` onwards;
@@ -83,31 +87,49 @@ class BatchView:
         first = torch.tensor(starts + [0] * padding)[:, None]
         self.write_pos.copy_(first + torch.arange(queries)[None, :], non_blocking=True)
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
-               *_, **__) -> tuple[torch.Tensor, torch.Tensor]:
-        """transformers' cache contract: store (B, heads, n, dim) at the rows' positions; what
-        it returns goes to the attention function: here the layer's whole pool, which
-        `pool_attention` reads through this view."""
-        keys, values = self.pool.keys[layer_idx], self.pool.values[layer_idx]
-        where = (self.rows[:, None], self.write_pos)
-        keys.index_put_(where, key_states.transpose(1, 2))
-        values.index_put_(where, value_states.transpose(1, 2))
-        return keys, values
-
     def mask(self) -> torch.Tensor:
         """(B, 1, n, window): each query sees its row's slots up to its own position."""
         visible = self.pool.offsets[None, None, :self.window] <= self.write_pos[:, :, None]
         return visible[:, None]
 
 
-def forward(text_model, view: BatchView, embeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+class LayerView:
+    """One layer's part of a `BatchView`: the layer's pool tensors, and the view's rows."""
+
+    def __init__(self, view: BatchView, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.view = view
+        self.keys = keys
+        self.values = values
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *_, **__
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """transformers' cache contract: store (B, heads, n, dim) at the rows' positions; what
+        it returns goes to the attention function: here the layer's whole pool, which
+        `pool_attention` reads through this view. (The layer index transformers passes is not
+        needed: the view is the layer's own.)"""
+        where = (self.view.rows[:, None], self.view.write_pos)
+        self.keys.index_put_(where, key_states.transpose(1, 2))
+        self.values.index_put_(where, value_states.transpose(1, 2))
+        return self.keys, self.values
+
+
+def decoder_layer(layer, hidden: torch.Tensor, view: LayerView, rotary) -> torch.Tensor:
+    """One transformers decoder layer on the pool."""
+    return layer(hidden, attention_mask=view, position_embeddings=rotary, past_key_values=view,
+                 use_cache=True)
+
+
+def forward(text_model, view: BatchView, embeds: torch.Tensor, positions: torch.Tensor,
+            layer_step: Callable = decoder_layer) -> torch.Tensor:
     """Final hidden states (B, n, H) of a Qwen2.5-Omni text model (thinker or talker) run on
     `embeds` (B, n, H) at rope `positions` (3, B, n), reading and writing the pool through
-    `view` (already pointed, its window chosen)."""
-    out = text_model(inputs_embeds=embeds, position_ids=positions, past_key_values=view,
-                     attention_mask={"full_attention": view}, use_cache=True,
-                     return_dict=True)
-    return out.last_hidden_state
+    `view` (already pointed, its window chosen); each layer runs through `layer_step` (a
+    compiled `decoder_layer`, say)."""
+    rotary = text_model.rotary_emb(embeds, positions)
+    hidden = embeds
+    for layer, layer_view in zip(text_model.layers, view.layers):
+        hidden = layer_step(layer, hidden, layer_view, rotary)
+    return text_model.norm(hidden)
 
 
 def _window_sizes(capacity: int) -> list[int]:

@@ -28,7 +28,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as omni
 
-from .compiled import compile_step
+from .compiled import compile_step, talker_layer, thinker_layer
 from .cuda_graphs import batch_buckets, bucket_for, capture_each
 from .kv_pool import BatchView, KVPool, forward
 from .prompt import Clip, Prompt, audio_features
@@ -275,7 +275,7 @@ class _ThinkerDecode:
             self.inputs[batch] = (torch.zeros((batch, 1), dtype=torch.long, device=device),
                                   torch.zeros((3, batch, 1), dtype=torch.long, device=device),
                                   BatchView(pool, batch, 1))
-        self.forward = compile_step(self._forward, compile)
+        self.layer_step = compile_step(thinker_layer, compile)
         self.graphs = capture_each(self._run, [(batch,) for batch in runner.buckets],
                                    runner.graph_pool, "thinker decode") if cuda_graphs else {}
 
@@ -294,12 +294,9 @@ class _ThinkerDecode:
 
     def _run(self, batch: int):
         tokens, positions, view = self.inputs[batch]
-        return self.forward(tokens, positions, view)
-
-    def _forward(self, tokens, positions, view):
         thinker = self.runner.thinker
         embeds = thinker.get_input_embeddings()(tokens)
-        hidden = forward(thinker.model, view, embeds, positions)
+        hidden = forward(thinker.model, view, embeds, positions, self.layer_step)
         logits = thinker.lm_head(hidden[:, -1])
         # what the talker reads of each fed token: its final hidden state + its embedding
         return hidden + embeds, logits, logits.argmax(dim=-1)
@@ -334,7 +331,7 @@ class _TalkerDecode:
                 view=BatchView(pool, batch, 1),
                 noise=torch.ones((batch, vocab), dtype=torch.float32, device=device),
                 mask_end=torch.zeros((batch, 1), dtype=torch.bool, device=device))
-        self.forward = compile_step(self._forward, compile)
+        self.layer_step = compile_step(talker_layer, compile)
         self.graphs = capture_each(self._run, [(batch,) for batch in runner.buckets],
                                    runner.graph_pool, "talker decode") if cuda_graphs else {}
 
@@ -360,18 +357,15 @@ class _TalkerDecode:
     def _run(self, batch: int) -> torch.Tensor:
         buffers = self.inputs[batch]
         view = buffers.view
-        logits = self.forward(buffers.codes, buffers.reply, buffers.positions, view)
-        # sampling stays out of the compiled part: inductor (torch 2.11) fails to generate the
-        # top-p cumulative sum over the codec vocabulary for a symbolic batch; eager in the
-        # graph it is a few small kernels
+        talker = self.runner.talker
+        inputs = talker.get_input_embeddings()(buffers.codes) + buffers.reply
+        hidden = forward(talker.model, view, talker.thinker_to_talker_proj(inputs),
+                         buffers.positions, self.layer_step)
+        logits = talker.codec_head(hidden[:, -1])
+        # sampling is not compiled: it is a few small kernels in the graph, and inductor
+        # (torch 2.11) failed to generate top-p's cumulative sum for a symbolic batch
         return self.runner.sample_codes(logits, view.rows, view.write_pos[:, -1], buffers.mask_end,
                                         buffers.noise)
-
-    def _forward(self, codes, reply, positions, view) -> torch.Tensor:
-        talker = self.runner.talker
-        inputs = talker.get_input_embeddings()(codes) + reply
-        hidden = forward(talker.model, view, talker.thinker_to_talker_proj(inputs), positions)
-        return talker.codec_head(hidden[:, -1])
 
 
 @dataclass

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
 
-from .compiled import compile_step
+from .compiled import compile_step, dit_block, mark_dynamic
 from .cuda_graphs import CapturedStep, batch_buckets, bucket_for
 from .token2wav_stream import ChunkPlan, MelWindow, Token2WavShape
 
@@ -72,7 +72,8 @@ class Token2WavRunner:
         # one DiT evaluation; compiled only where its shapes are fixed (the captured solves):
         # an eager solve of an unusual window must not trigger a compile while serving
         self.evaluate = dit_velocity(self.dit, plan.guidance_scale)
-        self.evaluate_compiled = compile_step(self.evaluate, compile and cuda_graphs)
+        self.evaluate_compiled = dit_velocity(self.dit, plan.guidance_scale,
+                                              compile_step(dit_block, compile and cuda_graphs))
         with torch.inference_mode():
             self.speakers = {name: self._condition(speaker) for name, speaker in speakers.items()}
             self.speaker_index = {name: index for index, name in enumerate(self.speakers)}
@@ -270,10 +271,10 @@ class _WindowVelocity:
         return self.evaluate(time_step, state, self.condition, self.rotary, self.block_diff)
 
 
-def dit_velocity(dit, guidance_scale: float) -> Callable:
-    """One evaluation of the ODE's right-hand side, as a function of tensors only (what
-    torch.compile takes): `Qwen2_5OmniToken2WavDiTModel.forward` from its own submodules, with
-    classifier-free guidance as `sample` applies it."""
+def dit_velocity(dit, guidance_scale: float, block_step: Callable = dit_block) -> Callable:
+    """One evaluation of the ODE's right-hand side: `Qwen2_5OmniToken2WavDiTModel.forward`
+    from its own submodules, with classifier-free guidance as `sample` applies it, each
+    transformer block through `block_step` (a compiled `dit_block`, say)."""
     dtype = dit.proj_out.weight.dtype
     cfg = guidance_scale >= 1e-5
 
@@ -287,8 +288,14 @@ def dit_velocity(dit, guidance_scale: float) -> Callable:
         state = state.to(dtype)
         hidden = torch.cat([state, state], dim=0) if cfg else state
         hidden = dit.input_embed.proj(torch.cat((hidden, *condition), dim=-1))
+        # rows and frames vary from batch to batch and window to window: one compile each
+        mark_dynamic(hidden, 0, 1)
+        mark_dynamic(time_embedding, 0)
+        mark_dynamic(block_diff, 0, 2, 3)
+        for table in rotary:
+            mark_dynamic(table, 0, 1)
         for block in dit.transformer_blocks:
-            hidden = block(hidden, time_embedding, position_embeddings=rotary, block_diff=block_diff)
+            hidden = block_step(block, hidden, time_embedding, rotary, block_diff)
         output = dit.proj_out(dit.norm_out(hidden, time_embedding)).float()
         if not cfg:
             return output

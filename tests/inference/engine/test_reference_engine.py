@@ -230,9 +230,9 @@ async def test_cancel_stops_the_worker_within_a_step(engine):
         await asyncio.sleep(0.05)
     assert engine.load().running == 0
     assert engine.core.stats.steps - steps_at_cancel <= 1
-    stopped_at = engine.core.steps
+    stopped_at = engine.core.stats.steps
     await asyncio.sleep(0.2)
-    assert engine.core.steps == stopped_at
+    assert engine.core.stats.steps == stopped_at
     # the engine is free again
     assert isinstance((await collect(engine, request(max_output_tokens=3)))[-1], Finished)
 
@@ -790,11 +790,11 @@ async def test_eviction_falls_back_to_a_full_prefill(engine, codes_by_request):
 async def test_a_conversation_over_the_context_is_refused_before_any_work(greedy):
     from inference.engine import ContextLengthExceeded
 
-    steps = greedy.core.steps
+    steps = greedy.core.stats.steps
     long_text = " ".join(["Please book a table for two people at seven tonight."] * 400)
     with pytest.raises(ContextLengthExceeded, match="context holds"):
         await collect(greedy, request(context=[UserText(long_text)]))
-    assert greedy.core.steps == steps
+    assert greedy.core.stats.steps == steps
     assert isinstance((await collect(greedy, request(max_output_tokens=3)))[-1], Finished)
 
 
