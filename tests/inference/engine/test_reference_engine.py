@@ -437,18 +437,26 @@ class EagerGraph:
 
 
 @asyncio_module
-async def test_the_graph_path_gives_the_eager_replies(greedy, codes_by_request, monkeypatch):
+@pytest.mark.parametrize("compiled", [False, True], ids=["graphs", "graphs+compiled"])
+async def test_the_graph_path_gives_the_eager_replies(greedy, codes_by_request, monkeypatch,
+                                                      compiled, tmp_path):
     """The CUDA-graph path's logic on the CPU (static buffers per batch bucket, padding rows,
     attention windows, batched DiT and vocoder buffers), every "graph" replayed eagerly, gives
-    the eager path's replies. Windows are small so decoding crosses from one to the next."""
+    the eager path's replies; and so it does with the decoder layers and DiT blocks compiled
+    (inductor, here for the CPU: what the GPU runs but the kernels; whole graphs, so a graph
+    break in a new transformers fails here). Windows are small so decoding crosses from one
+    to the next."""
     from inference.engine.reference import cuda_graphs, kv_pool, token2wav_runner
 
     monkeypatch.setattr(kv_pool, "SMALLEST_WINDOW", 41)
     for module in (cuda_graphs, token2wav_runner):
         monkeypatch.setattr(module, "CapturedStep", EagerGraph)
+    for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):  # set by the engine: undone after
+        monkeypatch.setenv(variable, str(tmp_path))
     graphed = create_engine("reference", "tiny-random", seed=7, max_audio_seconds=2.0,
                             min_audio_seconds=1.0, ode_steps=4, max_new_tokens=64, warmup=False,
-                            kv_slots=4, context_tokens=400)
+                            kv_slots=4, context_tokens=400, compile=compiled,
+                            compile_cache_dir=str(tmp_path / "compile"))
     graphed.cuda_graphs = True  # the engine refuses this on a CPU; the stand-in allows it
     graphed.settings = greedy.settings
     await graphed.start_with_model(greedy.loaded)
