@@ -49,7 +49,10 @@ RUN --mount=type=cache,id=omni-wheels,target=/wheels --mount=type=secret,id=pip_
 COPY inference inference
 RUN pip install --no-cache-dir --no-index --no-deps --no-build-isolation ./inference && rm -rf inference
 
+# OMNI_CACHE_DIR: the reference engine's compile cache (and tiny-random) on the same volume as
+# the weights, so a restarted worker reads its compiled kernels instead of compiling again
 ENV HF_HOME=/models \
+    OMNI_CACHE_DIR=/models/omni-cache \
     OMNI_ENGINE=vllm-omni \
     OMNI_MODEL=Qwen/Qwen2.5-Omni-7B \
     OMNI_HOST=0.0.0.0 \
