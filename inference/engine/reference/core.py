@@ -127,32 +127,32 @@ class EngineCore:
                 reply.slot, reply.prompt, start, end, reply.prepared.thinker_positions,
                 reply.prepared.talker_positions if reply.talker is not None else None)))
         thinker = [r for r in plan.thinker if r.phase is Phase.DECODING]
-        greedy: list[Reply] = []
-        choices = None
+        # what the step's one read brings back: (ids on the device, who takes them)
+        pending: list[tuple[torch.Tensor, Callable[[list[int]], None]]] = []
         if thinker:
             worked = True
             launched = self._guard(thinker, lambda: self._thinker_step(thinker))
             if launched is not None:
-                choices, greedy = launched
+                tokens, greedy = launched
+                pending.append((tokens, lambda ids: self._take(greedy, ids, Reply.take_token)))
         talkers = scheduler.talker_batch()
         stepping = [r for r in talkers if r.talker.started]
-        starts = []
         for reply in [r for r in talkers if not r.talker.started]:
             worked = True
             code = self._guard([reply], lambda: self._talker_start(reply))
             if code is not None:
-                starts.append((reply, code))
+                pending.append((code, lambda ids, reply=reply: self._take(
+                    [reply], ids, Reply.after_talker_code)))
         stepping = [r for r in stepping if r.phase is Phase.DECODING]
-        codes = None
         if stepping:
             worked = True
             codes = self._guard(stepping, lambda: self._talker_step(stepping))
-        outputs = [t for t in (choices, *(code for _, code in starts), codes) if t is not None]
-        if outputs:
-            self._take(self._guard(thinker + [r for r, _ in starts] + stepping,
-                                   lambda: runner.read(*outputs)),
-                       greedy if choices is not None else None, starts,
-                       stepping if codes is not None else None)
+            if codes is not None:
+                pending.append((codes, lambda ids: self._take(stepping, ids, Reply.after_talker_code)))
+        if pending:
+            ids = self._guard(thinker + talkers, lambda: runner.read(*(t for t, _ in pending)))
+            for (_, take), values in zip(pending, ids or []):
+                take(values)
         decoded = time.monotonic()
         speaking = scheduler.token2wav_batch(decoded)
         if speaking:
@@ -209,24 +209,11 @@ class EngineCore:
             reply.talker.length += 1
         return codes
 
-    def _take(self, ids: list[list[int]] | None, greedy: list[Reply] | None,
-              starts: list[tuple[Reply, torch.Tensor]], stepping: list[Reply] | None) -> None:
-        """Hand each reply its sampled ids, in the order `step` read them."""
-        if ids is None:
-            return
-        ids = iter(ids)
-        if greedy is not None:
-            for reply, token in zip(greedy, next(ids)):
-                if reply.phase is Phase.DECODING:
-                    self._guard([reply], lambda: reply.take_token(token))
-        for reply, _ in starts:
-            code = next(ids)[0]
+    def _take(self, replies: list[Reply], ids: list[int], take: Callable[[Reply, int], None]) -> None:
+        """Each still running reply takes its id (a token, a code) from the step's read."""
+        for reply, value in zip(replies, ids):
             if reply.phase is Phase.DECODING:
-                self._guard([reply], lambda: reply.after_talker_code(code))
-        if stepping is not None:
-            for reply, code in zip(stepping, next(ids)):
-                if reply.phase is Phase.DECODING:
-                    self._guard([reply], lambda: reply.after_talker_code(code))
+                self._guard([reply], lambda: take(reply, value))
 
     def _token2wav(self, replies: list[Reply]) -> None:
         for part in token2wav_parts(replies):
