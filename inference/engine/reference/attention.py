@@ -23,6 +23,9 @@ inductor fuses what is around it and leaves the kernel alone.
 
 from __future__ import annotations
 
+import importlib.util
+import logging
+
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
@@ -32,6 +35,11 @@ from .kv_pool import LayerView
 
 NAME = "omni_pool"
 
+logger = logging.getLogger(__name__)
+# CUDA builds of torch bring Triton; a CUDA build without it (rare) runs the reference on the
+# GPU, slower, and says so once
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+
 
 @torch.library.custom_op("omni::decode_attention", mutates_args=())
 def decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -40,7 +48,7 @@ def decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tens
 
     query (B, Hq, D); keys, values (slots, capacity, Hkv, D), the pool of one layer; rows (B,)
     pool rows; lengths (B,) positions each row attends to (≥ 1). Returns (B, Hq, D)."""
-    if query.is_cuda:
+    if query.is_cuda and HAVE_TRITON:
         from .attention_kernels import decode_attention_triton
 
         return decode_attention_triton(query, keys, values, rows, lengths, scale)
@@ -88,6 +96,9 @@ def pool_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
 def use_pool_attention(*configs) -> None:
     """Point these text models' layers at the pool's attention (anything that is not a pool
     view still runs transformers' sdpa)."""
+    if torch.cuda.is_available() and not HAVE_TRITON:
+        logger.warning("Triton is not installed: decode attention runs the reference (a gather "
+                       "per step) instead of the pool kernel")
     AttentionInterface.register(NAME, pool_attention)
     for config in configs:
         config._attn_implementation = NAME
