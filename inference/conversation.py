@@ -3,6 +3,12 @@
 Items are kept in their wire form (audio payloads stripped, so events that echo items stay
 small) next to the decoded user audio (int16, 16 kHz). `to_context()` turns them into the
 engine's context items, which is everything the engine ever sees of the history.
+
+Context truncation (the session's `truncation`): when the engine had to leave the oldest items
+out of the prompt, `leave_context()` marks them; they are never sent to the engine again. As
+in OpenAI's Realtime API they stay in the conversation (listed, retrievable, their transcripts
+kept), but their audio is freed at once (nobody reads it again, so a long call's memory stays
+flat), and when the item limit is reached the oldest of them make room (`make_room`).
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ class Entry:
     audio: dict[int, np.ndarray] = field(default_factory=dict)
     # assistant audio produced (or, after truncation, heard) in milliseconds
     audio_ms: int = 0
+    # read by the model; False once context truncation has left it out (for good)
+    in_context: bool = True
 
 
 class Conversation:
@@ -90,6 +98,28 @@ class Conversation:
     def delete(self, item_id: str) -> None:
         self._entries.remove(self.get(item_id))
 
+    def leave_context(self, first_item_id: str) -> None:
+        """The model reads the conversation from `first_item_id` on: every item before it
+        leaves the context, and its audio is freed."""
+        first = self.get(first_item_id)
+        for entry in self._entries:
+            if entry is first:
+                return
+            entry.in_context = False
+            entry.audio.clear()
+
+    def make_room(self) -> list[str]:
+        """When the item limit is reached, delete the oldest items the model no longer reads
+        until one more fits; returns their ids (oldest first). Items it still reads stay."""
+        deleted = []
+        while self.full:
+            outside = next((e for e in self._entries if not e.in_context), None)
+            if outside is None:
+                break
+            self._entries.remove(outside)
+            deleted.append(outside.item.id)
+        return deleted
+
     def truncate(self, item_id: str, content_index: int, audio_end_ms: int,
                  heard_transcript: str | None = None) -> None:
         """Cut an assistant audio item to what the listener heard."""
@@ -115,9 +145,11 @@ class Conversation:
         item.status = "incomplete" if part.transcript != full else item.status
 
     def to_context(self) -> list[eng.ContextItem]:
+        """The items the model still reads, as engine context items named by their item ids."""
         context: list[eng.ContextItem] = []
         for entry in self._entries:
-            context.extend(entry_context(entry))
+            if entry.in_context:
+                context.extend(entry_context(entry))
         return context
 
 
@@ -135,23 +167,27 @@ def cut_transcript(text: str, fraction: float) -> str:
     return text[:keep].rstrip()
 
 
-def entry_context(entry: Entry) -> list[eng.ContextItem]:
-    """What the engine sees of one item."""
+def entry_context(entry: Entry, *, in_conversation: bool = True) -> list[eng.ContextItem]:
+    """What the engine sees of one item. Items of the conversation carry their id, so that
+    truncation can leave them out; a response's own input items (`in_conversation=False`)
+    carry none and always stay."""
     item = entry.item
+    item_id = item.id if in_conversation else None
     if isinstance(item, FunctionCallItem):
-        return [eng.ToolCall(call_id=item.call_id, name=item.name, arguments=item.arguments)]
+        return [eng.ToolCall(call_id=item.call_id, name=item.name, arguments=item.arguments, item_id=item_id)]
     if isinstance(item, FunctionCallOutputItem):
-        return [eng.ToolResult(call_id=item.call_id, output=item.output)]
+        return [eng.ToolResult(call_id=item.call_id, output=item.output, item_id=item_id)]
     out: list[eng.ContextItem] = []
     for index, part in enumerate(item.content):
         if item.role == "assistant":
             text = part.text if part.type in ("output_text", "text") else part.transcript
             if text:
-                out.append(eng.AssistantText(text))
+                out.append(eng.AssistantText(text, item_id=item_id))
         elif index in entry.audio:
-            out.append(eng.UserAudio(int16_to_float(entry.audio[index])))
+            out.append(eng.UserAudio(int16_to_float(entry.audio[index]), item_id=item_id))
         elif part.type in ("input_audio", "audio") and part.transcript:
-            out.append(eng.UserText(part.transcript))
+            out.append(eng.UserText(part.transcript, item_id=item_id))
         elif part.text:
-            out.append(eng.SystemText(part.text) if item.role == "system" else eng.UserText(part.text))
+            out.append(eng.SystemText(part.text, item_id=item_id) if item.role == "system"
+                       else eng.UserText(part.text, item_id=item_id))
     return out
