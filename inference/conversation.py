@@ -8,7 +8,8 @@ Context truncation (the session's `truncation`): when the engine had to leave th
 out of the prompt, `leave_context()` marks them; they are never sent to the engine again. As
 in OpenAI's Realtime API they stay in the conversation (listed, retrievable, their transcripts
 kept), but their audio is freed at once (nobody reads it again, so a long call's memory stays
-flat), and when the item limit is reached the oldest of them make room (`make_room`).
+flat, and the audio limit counts only what the model reads), and when the item limit is
+reached the oldest of them are deleted to make room (`make_room`).
 """
 
 from __future__ import annotations
@@ -66,14 +67,17 @@ class Conversation:
     def audio_samples(self) -> int:
         return sum(a.size for e in self._entries for a in e.audio.values())
 
-    def add(self, entry: Entry, previous_item_id: str | None = None, *, from_response: bool = False) -> str | None:
+    def add(self, entry: Entry, previous_item_id: str | None = None, *,
+            from_response: bool = False) -> tuple[str | None, list[str]]:
         """Insert after `previous_item_id` ("root" = at the start; None = at the end).
 
-        Returns the id of the item now before it. Validates everything before changing anything.
-        A response's own items are not refused for the item count: a response only starts
-        while the conversation has room, and it adds a few items at most.
+        Returns the id of the item now before it, and the ids of the items deleted to make
+        room for it (`make_room`). Validates everything before changing anything. A
+        response's own items are not refused for the item count: a response only starts while
+        the conversation has room, and it adds a few items at most.
         """
-        if self.full and not from_response:
+        previous = self.get(previous_item_id) if previous_item_id not in (None, "root") else None
+        if self.full and not from_response and self._outside(keep=previous) is None:
             raise ConversationError(
                 "conversation_full", f"the conversation already holds {self._max_items} items; delete some first")
         new_samples = sum(a.size for a in entry.audio.values())
@@ -81,19 +85,20 @@ class Conversation:
             raise ConversationError(
                 "conversation_audio_limit",
                 f"the conversation would hold more than {self._max_audio_samples // eng.INPUT_SAMPLE_RATE} s "
-                "of user audio; delete earlier items first")
+                "of user audio the model reads; delete earlier items first")
         if entry.item.id is None:
             entry.item.id = new_id("item")
         elif any(e.item.id == entry.item.id for e in self._entries):
             raise ConversationError("item_id_taken", f"an item with id {entry.item.id!r} already exists", "item.id")
+        deleted = [] if from_response else self.make_room(keep=previous)
         if previous_item_id is None:
             index = len(self._entries)
         elif previous_item_id == "root":
             index = 0
         else:
-            index = self._entries.index(self.get(previous_item_id)) + 1
+            index = self._entries.index(previous) + 1
         self._entries.insert(index, entry)
-        return self._entries[index - 1].item.id if index else None
+        return (self._entries[index - 1].item.id if index else None), deleted
 
     def delete(self, item_id: str) -> None:
         self._entries.remove(self.get(item_id))
@@ -108,17 +113,18 @@ class Conversation:
             entry.in_context = False
             entry.audio.clear()
 
-    def make_room(self) -> list[str]:
-        """When the item limit is reached, delete the oldest items the model no longer reads
-        until one more fits; returns their ids (oldest first). Items it still reads stay."""
+    def make_room(self, keep: Entry | None = None) -> list[str]:
+        """At the item limit, delete the oldest items the model no longer reads (other than
+        `keep`) until one more fits; returns their ids, oldest first. Items it reads stay."""
         deleted = []
-        while self.full:
-            outside = next((e for e in self._entries if not e.in_context), None)
-            if outside is None:
-                break
+        while self.full and (outside := self._outside(keep)) is not None:
             self._entries.remove(outside)
             deleted.append(outside.item.id)
         return deleted
+
+    def _outside(self, keep: Entry | None) -> Entry | None:
+        """The oldest item truncation took out of the model's context, other than `keep`."""
+        return next((e for e in self._entries if not e.in_context and e is not keep), None)
 
     def truncate(self, item_id: str, content_index: int, audio_end_ms: int,
                  heard_transcript: str | None = None) -> None:

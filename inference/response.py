@@ -171,7 +171,7 @@ class ResponseRun:
         self.response.output.append(entry.item)
         previous = None
         if self._conversation is not None:
-            previous = self._conversation.add(entry, from_response=True)
+            previous, _ = self._conversation.add(entry, from_response=True)
         await self._send(p.ResponseOutputItemAdded(
             response_id=self.id, output_index=len(self.response.output) - 1, item=entry.item))
         await self._send(p.ConversationItemAdded(previous_item_id=previous, item=entry.item))

@@ -406,6 +406,12 @@ async def test_at_the_item_limit_items_out_of_the_context_make_room():
             added = [e["item"]["id"] for e in c.events if e["type"] == "conversation.item.added"]
             assert deleted == added[:len(deleted)]
             assert not set(deleted) & {i.item_id for i in engine.requests[-1].context}
+            # an item refused for another reason makes no room: nothing else changes
+            seen = len(c.events)
+            await c.send("conversation.item.create", item={"type": "message", "id": added[-1], "role": "user",
+                                                           "content": [{"type": "input_text", "text": "again"}]})
+            assert (await c.wait_for("error"))["error"]["code"] == "item_id_taken"
+            assert not [e for e in c.events[seen:] if e["type"] == "conversation.item.deleted"]
 
 
 async def test_disabled_truncation_keeps_the_engines_refusal(gateway):

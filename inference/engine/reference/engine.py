@@ -176,11 +176,11 @@ class ReferenceEngine(OmniEngine):
     oldest conversation items are left out as `request.truncation` allows (see
     inference/engine/truncation.py); each candidate cut is rendered and counted exactly.
 
-    `Finished.cached_tokens` is `reused_tokens`. `Finished.timings` (seconds): queue_wait_s (waiting for a KV slot), prompt_s (chat
-    template and tokens, on the CPU), reused_tokens and prefill_tokens (prompt tokens taken
-    from the session's prefix cache and computed), first_text_s and first_audio_s (from the
-    request's arrival; present only if that output was produced), total_s, audio_s (speech
-    produced), decode_steps (a count). The path to the first audio, phase by phase (GPU time
+    `Finished.cached_tokens` is `reused_tokens`. `Finished.timings` (seconds): queue_wait_s
+    (waiting for a KV slot), prompt_s (chat template and tokens, on the CPU), reused_tokens
+    and prefill_tokens (prompt tokens taken from the session's prefix cache and computed),
+    first_text_s and first_audio_s (from the request's arrival; present only if that output
+    was produced), total_s, audio_s (speech produced), decode_steps (a count). The path to the first audio, phase by phase (GPU time
     on cuda, measured with CUDA events): prefill_s, talker_prefill_s (first thinker step +
     talker start), first_chunk_decode_s (decode steps until the first chunk's codes are
     there), first_chunk_codes (how many codes that was), first_dit_s, first_vocoder_s.
