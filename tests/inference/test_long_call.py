@@ -1,28 +1,19 @@
 """Calls that outgrow the model's context: they keep answering (context truncation).
 
-A real worker on tiny-random, driven as an OpenAI client drives it: 24 kHz input, no turn
-detection, no `max_output_tokens`, about 3 s of festival speech a turn and `response.create`
-after each. The numbers of tokens do not matter here, only that the conversation crosses the
+A real worker on tiny-random, driven as an OpenAI client drives it (tests/support/spoken_turns.py:
+24 kHz input, no turn detection, no `max_output_tokens`, about 3 s of festival speech a turn and
+`response.create` after each). The numbers of tokens do not matter here, only that the conversation crosses the
 context (turn 9 used to fail for good with `context_length_exceeded`).
 """
 
 from __future__ import annotations
 
-import base64
-from pathlib import Path
-
-import numpy as np
 import psutil
 import pytest
-import soxr
 
 from tests.conftest import WorkerProcess
-from tests.support.realtime_client import RealtimeClient, audio_of
+from tests.support.spoken_turns import openai_like_client, spoken_turn
 
-DATA = Path(__file__).resolve().parents[1] / "data"
-SPEECH = ("e2e_q1_time", "e2e_q2_weather", "e2e_q3_recall", "e2e_q4_thanks", "e2e_barge_in", "e2e_pause_first")
-TURN_S = 3.0  # each utterance, then silence up to this: what the client commits per turn
-CLIENT_RATE = 24_000  # what OpenAI clients send
 SMALL_CONTEXT = 1024  # a few turns fill it: the tests with a chosen truncation stay short
 # Memory a 40-turn call may add to the worker beyond its first 10 turns (measured on the 2-core VM,
 # 2026-12-01: 38-41 MB, all of it while the prompt still grows), and once the context is full
@@ -30,37 +21,6 @@ SMALL_CONTEXT = 1024  # a few turns fill it: the tests with a chosen truncation 
 RSS_GROWTH_LIMIT_MB = 64
 RSS_CEILING_GROWTH_LIMIT_MB = 12
 ANSWERED = ("completed", "incomplete")  # a reply, whole or at its length limit; not "failed"
-
-
-def turn_audio(turn: int) -> np.ndarray:
-    """Turn `turn`'s speech at 24 kHz as PCM16: a festival utterance, padded to TURN_S."""
-    raw = (DATA / f"{SPEECH[turn % len(SPEECH)]}.wav").read_bytes()[44:]  # 16 kHz mono PCM16
-    speech = np.frombuffer(raw, "<i2").astype(np.float32) / 32768
-    speech = soxr.resample(speech, 16_000, CLIENT_RATE)
-    padded = np.zeros(int(TURN_S * CLIENT_RATE), np.float32)
-    padded[:min(speech.size, padded.size)] = speech[:padded.size]
-    return (padded * 32767).astype("<i2")
-
-
-async def spoken_turn(client: RealtimeClient, turn: int) -> dict:
-    """Append the turn's audio in 100 ms chunks, commit, ask for a reply: its response.done."""
-    pcm = turn_audio(turn)
-    for start in range(0, pcm.size, CLIENT_RATE // 10):
-        chunk = pcm[start:start + CLIENT_RATE // 10].tobytes()
-        await client.send("input_audio_buffer.append", audio=base64.b64encode(chunk).decode())
-    await client.send("input_audio_buffer.commit")
-    await client.send("response.create")
-    events = await client.until_done()
-    done = events[-1]["response"]
-    done["audio_s"] = audio_of(events).size / 24_000
-    return done
-
-
-async def openai_like_client(worker: WorkerProcess, **session) -> RealtimeClient:
-    client = await RealtimeClient.connect(worker.url, worker.api_key)
-    await client.update_session(audio={"input": {"format": {"type": "audio/pcm", "rate": CLIENT_RATE},
-                                                 "turn_detection": None}}, **session)
-    return client
 
 
 @pytest.fixture(scope="module")

@@ -257,10 +257,10 @@ def _seconds(audio: llm.AudioContent) -> float:
 
 
 async def test_a_long_call_keeps_answering_across_the_context_and_a_restart(tmp_path, vad):
-    """Eight spoken turns through a 1024-token context (the tools' schema and the instructions take
-    a third of it), crossed twice with a retention ratio of 0.5; the worker restarted after the
-    sixth. Every turn is answered, the agent's
-    history keeps the whole call, and the new worker is given only what its model would read."""
+    """Eight spoken turns through a 1024-token context (the tools' schema and the instructions
+    take a third of it), crossed twice with a retention ratio of 0.5; the worker restarted after
+    the sixth. Every turn is answered, the agent's history keeps the whole call, and the new
+    worker is given only what its model would read."""
     worker = WorkerProcess(tmp_path, api_key="provider-key",
                            args=(*ENGINE_ARGS, "--engine-option", "context_tokens=1024")).start()
     patient = APIConnectOptions(max_retry=40, retry_interval=0.5, timeout=5)

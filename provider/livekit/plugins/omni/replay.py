@@ -17,12 +17,13 @@ from collections.abc import Sequence
 from livekit.agents import llm
 
 # The worker's defaults (OMNI_LIMIT_MAX_CONVERSATION_ITEMS, OMNI_LIMIT_MAX_CONVERSATION_AUDIO_S).
-MAX_ITEMS = 1000
-MAX_AUDIO_S = 1800.0
+WORKER_MAX_ITEMS = 1000
+WORKER_MAX_AUDIO_S = 1800.0
 
 
-def replay_plan(items: Sequence[llm.ChatItem], context_start: str | None, *, max_items: int = MAX_ITEMS,
-                max_audio_s: float = MAX_AUDIO_S) -> tuple[list[llm.ChatItem], list[str]]:
+def replay_plan(items: Sequence[llm.ChatItem], context_start: str | None, *,
+                max_items: int = WORKER_MAX_ITEMS,
+                max_audio_s: float = WORKER_MAX_AUDIO_S) -> tuple[list[llm.ChatItem], list[str]]:
     """The items to replay (oldest first) and the ids of those left out.
 
     Kept: from `context_start` on (all when it is None or not in `items`), the newest that fit

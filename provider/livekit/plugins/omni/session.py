@@ -44,9 +44,7 @@ from .input_turns import InputTurns, TrimInput
 from .item_ops import ItemOp, ItemOps
 from .log import logger
 from .options import ModelOptions, retry_delay
-from .replay import MAX_AUDIO_S as MAX_REPLAY_AUDIO_S
-from .replay import MAX_ITEMS as MAX_REPLAY_ITEMS
-from .replay import replay_plan
+from .replay import WORKER_MAX_AUDIO_S, WORKER_MAX_ITEMS, replay_plan
 from .replies import Replies
 from .session_updates import SessionUpdates
 from .speculation import RewindInput, Speculation, SpeculativeReplies, adopted_future
@@ -664,7 +662,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         if left_out:
             logger.info("replaying the newest %d items of %d: the lost worker's model read from %s on, and a "
                         "worker holds at most %d items and %g s of user audio", len(items),
-                        len(items) + len(left_out), self._context_start, MAX_REPLAY_ITEMS, MAX_REPLAY_AUDIO_S)
+                        len(items) + len(left_out), self._context_start, WORKER_MAX_ITEMS, WORKER_MAX_AUDIO_S)
         for item_id in left_out:
             self._forget_on_worker(item_id)
         self._context_start = None  # the new worker's model reads everything replayed
