@@ -92,6 +92,9 @@ def build_session(config: AgentSettings, vad: SpeechLengthVAD) -> AgentSession:
         voice=config.voice,
         speculative_replies=config.speculative_replies,
         input_transcription=config.input_transcription,
+        # a call of any length keeps answering: its oldest turns leave the model's context,
+        # the agent's chat context (transcripts) keeps them all
+        truncation={"type": "retention_ratio", "retention_ratio": config.context_retention_ratio},
     )
     return AgentSession(
         vad=vad,

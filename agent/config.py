@@ -74,6 +74,12 @@ class AgentSettings(BaseSettings):
         True, validation_alias="AGENT_INPUT_TRANSCRIPTION",
         description="have the omni worker transcribe the user's turns (user transcripts in the room)",
     )
+    context_retention_ratio: float = Field(
+        0.8, ge=0, le=1, validation_alias="AGENT_CONTEXT_RETENTION_RATIO",
+        description="when a long call outgrows the model's context, the worker leaves out the oldest turns "
+                    "until the conversation is this share of its budget, then keeps that start for the "
+                    "turns after (its prefix cache stays valid); 1: leave out as little as possible each turn",
+    )
 
     # Worker-level behaviour.
     load_threshold: float = Field(

@@ -3,6 +3,13 @@
 Items are kept in their wire form (audio payloads stripped, so events that echo items stay
 small) next to the decoded user audio (int16, 16 kHz). `to_context()` turns them into the
 engine's context items, which is everything the engine ever sees of the history.
+
+Context truncation (the session's `truncation`): when the engine had to leave the oldest items
+out of the prompt, `leave_context()` marks them; they are never sent to the engine again. As
+in OpenAI's Realtime API they stay in the conversation (listed, retrievable, their transcripts
+kept), but their audio is freed at once (nobody reads it again, so a long call's memory stays
+flat, and the audio limit counts only what the model reads), and when the item limit is
+reached the oldest of them are deleted to make room (`make_room`).
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ class Entry:
     audio: dict[int, np.ndarray] = field(default_factory=dict)
     # assistant audio produced (or, after truncation, heard) in milliseconds
     audio_ms: int = 0
+    # read by the model; False once context truncation has left it out (for good)
+    in_context: bool = True
 
 
 class Conversation:
@@ -58,14 +67,17 @@ class Conversation:
     def audio_samples(self) -> int:
         return sum(a.size for e in self._entries for a in e.audio.values())
 
-    def add(self, entry: Entry, previous_item_id: str | None = None, *, from_response: bool = False) -> str | None:
+    def add(self, entry: Entry, previous_item_id: str | None = None, *,
+            from_response: bool = False) -> tuple[str | None, list[str]]:
         """Insert after `previous_item_id` ("root" = at the start; None = at the end).
 
-        Returns the id of the item now before it. Validates everything before changing anything.
-        A response's own items are not refused for the item count: a response only starts
-        while the conversation has room, and it adds a few items at most.
+        Returns the id of the item now before it, and the ids of the items deleted to make
+        room for it (`make_room`). Validates everything before changing anything. A
+        response's own items are not refused for the item count: a response only starts while
+        the conversation has room, and it adds a few items at most.
         """
-        if self.full and not from_response:
+        previous = self.get(previous_item_id) if previous_item_id not in (None, "root") else None
+        if self.full and not from_response and self._outside(keep=previous) is None:
             raise ConversationError(
                 "conversation_full", f"the conversation already holds {self._max_items} items; delete some first")
         new_samples = sum(a.size for a in entry.audio.values())
@@ -73,22 +85,46 @@ class Conversation:
             raise ConversationError(
                 "conversation_audio_limit",
                 f"the conversation would hold more than {self._max_audio_samples // eng.INPUT_SAMPLE_RATE} s "
-                "of user audio; delete earlier items first")
+                "of user audio the model reads; delete earlier items first")
         if entry.item.id is None:
             entry.item.id = new_id("item")
         elif any(e.item.id == entry.item.id for e in self._entries):
             raise ConversationError("item_id_taken", f"an item with id {entry.item.id!r} already exists", "item.id")
+        deleted = [] if from_response else self.make_room(keep=previous)
         if previous_item_id is None:
             index = len(self._entries)
         elif previous_item_id == "root":
             index = 0
         else:
-            index = self._entries.index(self.get(previous_item_id)) + 1
+            index = self._entries.index(previous) + 1
         self._entries.insert(index, entry)
-        return self._entries[index - 1].item.id if index else None
+        return (self._entries[index - 1].item.id if index else None), deleted
 
     def delete(self, item_id: str) -> None:
         self._entries.remove(self.get(item_id))
+
+    def leave_context(self, first_item_id: str) -> None:
+        """The model reads the conversation from `first_item_id` on: every item before it
+        leaves the context, and its audio is freed."""
+        first = self.get(first_item_id)
+        for entry in self._entries:
+            if entry is first:
+                return
+            entry.in_context = False
+            entry.audio.clear()
+
+    def make_room(self, keep: Entry | None = None) -> list[str]:
+        """At the item limit, delete the oldest items the model no longer reads (other than
+        `keep`) until one more fits; returns their ids, oldest first. Items it reads stay."""
+        deleted = []
+        while self.full and (outside := self._outside(keep)) is not None:
+            self._entries.remove(outside)
+            deleted.append(outside.item.id)
+        return deleted
+
+    def _outside(self, keep: Entry | None) -> Entry | None:
+        """The oldest item truncation took out of the model's context, other than `keep`."""
+        return next((e for e in self._entries if not e.in_context and e is not keep), None)
 
     def truncate(self, item_id: str, content_index: int, audio_end_ms: int,
                  heard_transcript: str | None = None) -> None:
@@ -115,9 +151,11 @@ class Conversation:
         item.status = "incomplete" if part.transcript != full else item.status
 
     def to_context(self) -> list[eng.ContextItem]:
+        """The items the model still reads, as engine context items named by their item ids."""
         context: list[eng.ContextItem] = []
         for entry in self._entries:
-            context.extend(entry_context(entry))
+            if entry.in_context:
+                context.extend(entry_context(entry))
         return context
 
 
@@ -135,23 +173,27 @@ def cut_transcript(text: str, fraction: float) -> str:
     return text[:keep].rstrip()
 
 
-def entry_context(entry: Entry) -> list[eng.ContextItem]:
-    """What the engine sees of one item."""
+def entry_context(entry: Entry, *, in_conversation: bool = True) -> list[eng.ContextItem]:
+    """What the engine sees of one item. Items of the conversation carry their id, so that
+    truncation can leave them out; a response's own input items (`in_conversation=False`)
+    carry none and always stay."""
     item = entry.item
+    item_id = item.id if in_conversation else None
     if isinstance(item, FunctionCallItem):
-        return [eng.ToolCall(call_id=item.call_id, name=item.name, arguments=item.arguments)]
+        return [eng.ToolCall(call_id=item.call_id, name=item.name, arguments=item.arguments, item_id=item_id)]
     if isinstance(item, FunctionCallOutputItem):
-        return [eng.ToolResult(call_id=item.call_id, output=item.output)]
+        return [eng.ToolResult(call_id=item.call_id, output=item.output, item_id=item_id)]
     out: list[eng.ContextItem] = []
     for index, part in enumerate(item.content):
         if item.role == "assistant":
             text = part.text if part.type in ("output_text", "text") else part.transcript
             if text:
-                out.append(eng.AssistantText(text))
+                out.append(eng.AssistantText(text, item_id=item_id))
         elif index in entry.audio:
-            out.append(eng.UserAudio(int16_to_float(entry.audio[index])))
+            out.append(eng.UserAudio(int16_to_float(entry.audio[index]), item_id=item_id))
         elif part.type in ("input_audio", "audio") and part.transcript:
-            out.append(eng.UserText(part.transcript))
+            out.append(eng.UserText(part.transcript, item_id=item_id))
         elif part.text:
-            out.append(eng.SystemText(part.text) if item.role == "system" else eng.UserText(part.text))
+            out.append(eng.SystemText(part.text, item_id=item_id) if item.role == "system"
+                       else eng.UserText(part.text, item_id=item_id))
     return out

@@ -41,3 +41,6 @@ class WorkerMetrics:
             buckets=_FAST_BUCKETS, registry=r)
         self.output_audio_seconds = Counter(
             "omni_output_audio_seconds_total", "Seconds of audio sent to clients", registry=r)
+        self.context_truncations = Counter(
+            "omni_context_truncations_total",
+            "Responses for which the oldest conversation items left the model's context (truncation)", registry=r)

@@ -86,6 +86,21 @@ MaxTokens = Union[Annotated[int, Field(ge=1)], Literal["inf"]]
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
 
 
+class TokenLimits(_Model):
+    # the conversation's budget after the instructions and tools, in tokens
+    post_instructions: int | None = Field(None, ge=1)
+
+
+class RetentionRatioTruncation(_Model):
+    type: Literal["retention_ratio"]
+    retention_ratio: float = Field(ge=0.0, le=1.0)
+    token_limits: TokenLimits | None = None
+
+
+# OpenAI Realtime GA's `truncation`: what happens when the conversation outgrows the context
+Truncation = Union[Literal["auto", "disabled"], RetentionRatioTruncation]
+
+
 class SessionConfig(_Model):
     """The whole session as `session.created` / `session.updated` report it."""
 
@@ -99,6 +114,7 @@ class SessionConfig(_Model):
     tools: list[FunctionTool] = Field(default_factory=list)
     tool_choice: ToolChoice = "auto"
     max_output_tokens: MaxTokens = "inf"
+    truncation: Truncation = "auto"
 
 
 class SessionUpdateParams(_Model):
@@ -112,6 +128,7 @@ class SessionUpdateParams(_Model):
     tool_choice: ToolChoice | None = None
     max_output_tokens: MaxTokens | None = None
     temperature: Temperature | None = None
+    truncation: Truncation | None = None
 
 
 # --------------------------------------------------------------------------- conversation items
@@ -377,6 +394,10 @@ class Response(_Model):
     conversation_id: str | None = None
     metadata: dict[str, Any] | None = None
     usage: Usage | None = None
+    # Our extension: the first conversation item the model read for this response (null: it
+    # read none). Items before it have left the model's context (`truncation`); they stay in
+    # the conversation, as OpenAI keeps them, until the conversation's item limit needs room.
+    context_start_item_id: str | None = None
 
 
 class _ServerEvent(_Model):
@@ -397,6 +418,15 @@ class ErrorDetail(_Model):
 class ErrorEvent(_ServerEvent):
     type: Literal["error"] = "error"
     error: ErrorDetail
+
+    def to_json(self) -> str:
+        # The offending event_id is echoed exactly, even one holding a lone UTF-16
+        # surrogate (as a \ud800 escape, which a client's JSON parser turns back into the
+        # same string), so the client can match it. Such text is not UTF-8, which pydantic's
+        # serializer insists on.
+        if self.error.event_id is None or not _has_lone_surrogate(self.error.event_id):
+            return super().to_json()
+        return json.dumps(self.model_dump(), ensure_ascii=True)
 
 
 class SessionCreated(_ServerEvent):
@@ -575,9 +605,9 @@ class ResponseFunctionCallArgumentsDone(_ServerEvent):
 
 def error_event(code: str, message: str, *, event_id: str | None = None, param: str | None = None,
                 server: bool = False) -> ErrorEvent:
-    """An `error`; its texts may quote client input, so they are repaired to always serialise."""
+    """An `error`; its message and param may quote client input, so lone surrogates in them
+    become U+FFFD; the event_id is kept as sent (see `ErrorEvent.to_json`)."""
     return ErrorEvent(error=ErrorDetail(
         type="server_error" if server else "invalid_request_error",
-        code=code, message=repair_text(message), param=param and repair_text(param),
-        event_id=event_id and repair_text(event_id),
+        code=code, message=repair_text(message), param=param and repair_text(param), event_id=event_id,
     ))

@@ -46,6 +46,9 @@ class ResponseRun:
         self._first_audio_at: float | None = None
         self._audio_samples = 0
         self.cancel_reason = "client_cancelled"
+        if conversation is not None:  # the model reads the conversation from its first item sent
+            response.context_start_item_id = next(
+                (item.item_id for item in request.context if item.item_id is not None), None)
 
     @property
     def id(self) -> str:
@@ -96,6 +99,9 @@ class ResponseRun:
     # ------------------------------------------------------------------ deltas
 
     async def _on_delta(self, delta: eng.Delta) -> None:
+        if isinstance(delta, eng.ContextTruncated):
+            self._context_truncated(delta)
+            return
         if isinstance(delta, eng.ToolCallDelta):
             await self._close_message("completed")
             await self._emit_function_call(delta)
@@ -165,7 +171,7 @@ class ResponseRun:
         self.response.output.append(entry.item)
         previous = None
         if self._conversation is not None:
-            previous = self._conversation.add(entry, from_response=True)
+            previous, _ = self._conversation.add(entry, from_response=True)
         await self._send(p.ResponseOutputItemAdded(
             response_id=self.id, output_index=len(self.response.output) - 1, item=entry.item))
         await self._send(p.ConversationItemAdded(previous_item_id=previous, item=entry.item))
@@ -174,6 +180,17 @@ class ResponseRun:
         index = self.response.output.index(entry.item)
         await self._send(p.ResponseOutputItemDone(response_id=self.id, output_index=index, item=entry.item))
         await self._send(p.ConversationItemDone(item=entry.item))
+
+    def _context_truncated(self, delta: eng.ContextTruncated) -> None:
+        """The engine left the oldest items out: they leave the conversation's context for good
+        (as OpenAI does, without an event; response.done's usage counts what was read)."""
+        if self._conversation is None:
+            return
+        self._conversation.leave_context(delta.first_item_id)
+        self.response.context_start_item_id = delta.first_item_id
+        self._metrics.context_truncations.inc()
+        log.info("response %s: %d conversation items (%d tokens) left the model's context; it now starts at %s",
+                 self.id, delta.dropped_items, delta.dropped_tokens, delta.first_item_id)
 
     # ------------------------------------------------------------------ the end
 
@@ -191,7 +208,8 @@ class ResponseRun:
             input_tokens=finished.input_tokens,
             output_tokens=text_out + audio_out,
             input_token_details={"text_tokens": finished.input_tokens - finished.input_audio_tokens,
-                                 "audio_tokens": finished.input_audio_tokens, "cached_tokens": 0},
+                                 "audio_tokens": finished.input_audio_tokens,
+                                 "cached_tokens": finished.cached_tokens},
             output_token_details={"text_tokens": text_out, "audio_tokens": audio_out},
         )
         timings = finished.timings

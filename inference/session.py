@@ -278,7 +278,8 @@ class RealtimeSession:
     async def _commit_buffer(self, item_id: str) -> None:
         audio = np.concatenate(self._buffer)
         item = p.MessageItem(id=item_id, role="user", content=[p.ContentPart(type="input_audio")])
-        previous = self.conversation.add(Entry(item=item, audio={0: audio}))
+        previous, deleted = self.conversation.add(Entry(item=item, audio={0: audio}))
+        await self._send_deleted(deleted)
         self._buffer, self._buffered = [], 0
         await self.send(p.InputAudioBufferCommitted(previous_item_id=previous, item_id=item_id))
         await self.send(p.ConversationItemAdded(previous_item_id=previous, item=item))
@@ -295,7 +296,8 @@ class RealtimeSession:
 
     async def _item_create(self, event: p.ConversationItemCreate) -> None:
         entry = self._entry_from_client(event.item)
-        previous = self.conversation.add(entry, event.previous_item_id)
+        previous, deleted = self.conversation.add(entry, event.previous_item_id)
+        await self._send_deleted(deleted)
         await self.send(p.ConversationItemAdded(previous_item_id=previous, item=entry.item))
         await self.send(p.ConversationItemDone(previous_item_id=previous, item=entry.item))
 
@@ -331,6 +333,12 @@ class RealtimeSession:
                     self._check_instructions(part.text)
         return Entry(item=item, audio=audio)
 
+    async def _send_deleted(self, item_ids: list[str]) -> None:
+        """Items the conversation deleted to make room at its item limit: the oldest that
+        truncation had taken out of the model's context, so that a long call keeps going."""
+        for item_id in item_ids:
+            await self.send(p.ConversationItemDeleted(item_id=item_id))
+
     async def _item_truncate(self, event: p.ConversationItemTruncate) -> None:
         self._check_text(event.audio_transcript, "audio_transcript")
         if self._response is not None and any(i.id == event.item_id for i in self._response.response.output):
@@ -362,12 +370,8 @@ class RealtimeSession:
                               "response.done")
         self._check_instructions(params.instructions)
         out_of_band = params.conversation == "none"
-        if not out_of_band and self.conversation.full:
-            raise ClientError("conversation_full", "the conversation is full: delete items before asking for a "
-                              "response (or ask for one with conversation: \"none\")")
-        context = self.conversation.to_context() if not out_of_band else []
-        for index, item in enumerate(params.input or []):
-            context.extend(entry_context(self._entry_from_client(item, f"response.input.{index}")))
+        response_input = [entry_context(self._entry_from_client(item, f"response.input.{index}"),
+                                        in_conversation=False) for index, item in enumerate(params.input or [])]
         if params.tools is not None:
             self._check_tools(params.tools, "response.tools")
         tools = self.config.tools if params.tools is None else params.tools
@@ -387,6 +391,14 @@ class RealtimeSession:
             else self.config.max_output_tokens
         if max_tokens == "inf" or max_tokens > self._limits.max_output_tokens:  # type: ignore[operator]
             max_tokens = self._limits.max_output_tokens
+        if not out_of_band:  # validated: only now may items go to make room for the response's own
+            await self._send_deleted(self.conversation.make_room())
+            if self.conversation.full:
+                raise ClientError("conversation_full", "the conversation is full: delete items before asking for a "
+                                  "response (or ask for one with conversation: \"none\")")
+        context = self.conversation.to_context() if not out_of_band else []
+        for items in response_input:
+            context.extend(items)
         response = p.Response(id=p.new_id("resp"), output_modalities=list(modalities), metadata=params.metadata,
                               conversation_id=None if out_of_band else self.config.id)
         request = eng.GenerationRequest(
@@ -399,6 +411,7 @@ class RealtimeSession:
             voice=voice,
             max_output_tokens=int(max_tokens),  # type: ignore[arg-type]
             session_id=self.config.id,
+            truncation=engine_truncation(self.config.truncation),
         )
         run = ResponseRun(response=response, request=request, engine=self._engine,
                           conversation=None if out_of_band else self.conversation, send=self.send,
@@ -434,6 +447,15 @@ class RealtimeSession:
         await asyncio.gather(task, return_exceptions=True)
         if self._response is run:  # cancelled before it ever ran: its own cleanup did not run
             self._response, self._response_task = None, None
+
+
+def engine_truncation(truncation: p.Truncation) -> eng.Truncation:
+    """The session's `truncation` as the engine takes it."""
+    if isinstance(truncation, p.RetentionRatioTruncation):
+        limits = truncation.token_limits
+        return eng.Truncation(mode="retention_ratio", retention_ratio=truncation.retention_ratio,
+                              post_instructions_tokens=limits.post_instructions if limits else None)
+    return eng.Truncation(mode=truncation)
 
 
 def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:

@@ -30,12 +30,6 @@ from scripts.stack import (
     web_page,
 )
 
-# tiny-random replies are random sounds; make them 2-5 s long so there is something to hear
-# (and to talk over) without waiting for the random talker to stop by itself.
-TINY_RANDOM_DEV_REPLY = ("--engine-option", "min_audio_seconds=2", "--engine-option", "max_audio_seconds=5",
-                         "--engine-option", "max_new_tokens=48")
-
-
 def say(message: str) -> None:
     print(f"[dev] {message}", flush=True)
 
@@ -93,9 +87,8 @@ def main() -> int:
     try:
         stack.start(livekit_server(args.livekit_port, args.livekit_port + 1, args.livekit_port + 2))
         say(f"loading the omni worker ({args.engine}, {args.model}); a real model takes minutes")
-        extra = TINY_RANDOM_DEV_REPLY if args.model == "tiny-random" and args.engine == "reference" else ()
-        stack.start(omni_worker(args.worker_port, model=args.model, engine=args.engine, api_key=omni_api_key,
-                                extra_args=extra))
+        # tiny-random speaks 2-5 s of random sound a reply: the reference engine's own defaults for it
+        stack.start(omni_worker(args.worker_port, model=args.model, engine=args.engine, api_key=omni_api_key))
         # INFO: the turn lines without livekit-agents' debug chatter (LIVEKIT_LOG_LEVEL=DEBUG for it)
         agent_env = {"LIVEKIT_LOG_LEVEL": os.environ.get("LIVEKIT_LOG_LEVEL", "INFO")}
         stack.start(voice_agent(livekit_url=livekit_url, omni_url=omni_url, omni_api_key=omni_api_key,

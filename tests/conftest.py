@@ -36,10 +36,11 @@ class WorkerProcess:
 
     def __init__(self, tmp_dir: Path, *, api_key: str | None = "test-key", args: tuple[str, ...] = (),
                  env: dict[str, str] | None = None, file_limit: int | None = None,
-                 engine: str = "tiny-random") -> None:
+                 engine: str = "tiny-random", engine_args: tuple[str, ...] = TINY_ENGINE_ARGS) -> None:
         self.port = free_port()
         self.api_key = api_key
         self.args = args
+        self.engine_args = engine_args  # () : tiny-random on the worker's own defaults
         self.env = env or {}
         self.file_limit = file_limit  # RLIMIT_NOFILE, soft and hard, for the worker process
         self.engine = engine  # "tiny-random", or "scripted" where the model is beside the point
@@ -65,7 +66,7 @@ class WorkerProcess:
             cmd = [sys.executable, "-m", "tests.support.scripted_worker", "serve", "--port", str(self.port), *self.args]
         else:
             cmd = [sys.executable, "-m", "inference", "serve", "--engine", "reference", "--model", "tiny-random",
-                   "--port", str(self.port), *TINY_ENGINE_ARGS, *self.args]
+                   "--port", str(self.port), *self.engine_args, *self.args]
         if self.api_key:
             env["OMNI_API_KEY"] = self.api_key
         else:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from .base import (
-    AssistantText, AudioDelta, ContextItem, Delta, EngineLoad, Finished, GenerationRequest, OmniEngine, SystemText, TextDelta, ToolCall, ToolCallDelta, ToolResult,
-    ToolSpec, UserAudio, UserText, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE,
+    AssistantText, AudioDelta, ContextItem, ContextTruncated, Delta, EngineLoad, Finished, GenerationRequest, OmniEngine, SystemText, TextDelta, ToolCall, ToolCallDelta, ToolResult,
+    ToolSpec, Truncation, UserAudio, UserText, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE,
 )
 from .exceptions import ContextLengthExceeded, EngineError, EngineOverloaded
 
@@ -23,8 +23,8 @@ def create_engine(name: str, model: str, **options) -> OmniEngine:
 
 
 __all__ = [
-    "AssistantText", "AudioDelta", "ContextItem", "ContextLengthExceeded", "Delta",
+    "AssistantText", "AudioDelta", "ContextItem", "ContextLengthExceeded", "ContextTruncated", "Delta",
     "EngineError", "EngineLoad", "EngineOverloaded", "Finished", "GenerationRequest", "OmniEngine", "SystemText", "TextDelta", "ToolCall",
-    "ToolCallDelta", "ToolResult", "ToolSpec", "UserAudio", "UserText", "INPUT_SAMPLE_RATE",
+    "ToolCallDelta", "ToolResult", "ToolSpec", "Truncation", "UserAudio", "UserText", "INPUT_SAMPLE_RATE",
     "OUTPUT_SAMPLE_RATE", "ENGINES", "create_engine",
 ]

@@ -9,6 +9,13 @@ before the first difference, and a request with no cache at all gives the same r
 
 Cancellation: closing the async iterator returned by `generate` (or cancelling the task that
 iterates it) must stop engine work within one decode step and release its memory.
+
+Truncation: the engine owns token counts, the gateway owns the conversation. Each context item
+names the conversation item it came from (`item_id`); when the prompt does not fit, an engine
+leaves out whole conversation items from the oldest, as `request.truncation` allows
+(`inference.engine.truncation.fit_context` does the choosing for both engines), and says so
+with a `ContextTruncated` delta before any output, so that the gateway moves the point from
+which it sends the conversation.
 """
 
 from __future__ import annotations
@@ -26,26 +33,34 @@ OUTPUT_SAMPLE_RATE = 24_000
 
 # --------------------------------------------------------------------------- context items
 
+# Every context item may name the conversation item it came from (`item_id`): the unit an
+# engine may leave out when the prompt does not fit. None: never left out (the input of one
+# response, not of the conversation).
+
 @dataclass
 class UserAudio:
     """User speech, float32 mono in [-1, 1] at 16 kHz."""
     audio: np.ndarray
+    item_id: str | None = None
 
 
 @dataclass
 class UserText:
     text: str
+    item_id: str | None = None
 
 
 @dataclass
 class SystemText:
     text: str
+    item_id: str | None = None
 
 
 @dataclass
 class AssistantText:
     """An earlier assistant turn as the listener heard it (transcript, possibly truncated)."""
     text: str
+    item_id: str | None = None
 
 
 @dataclass
@@ -53,12 +68,14 @@ class ToolCall:
     call_id: str
     name: str
     arguments: str  # JSON text, as the model produced it
+    item_id: str | None = None
 
 
 @dataclass
 class ToolResult:
     call_id: str
     output: str
+    item_id: str | None = None
 
 
 ContextItem = Union[UserAudio, UserText, SystemText, AssistantText, ToolCall, ToolResult]
@@ -69,6 +86,27 @@ class ToolSpec:
     name: str
     description: str
     parameters: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """What an engine may do when the conversation does not fit (the session's `truncation`).
+
+    - "auto": leave out the fewest oldest conversation items that make the prompt fit.
+    - "disabled": leave out nothing; a prompt that does not fit is refused
+      (`ContextLengthExceeded`).
+    - "retention_ratio": once the conversation after the instructions (and tools) passes its
+      budget (`post_instructions_tokens`, at most what the context holds with room for the
+      reply), leave out oldest items until it is at most `retention_ratio` of that budget,
+      then nothing until it passes the budget again: the prompt's start stays the same for
+      the turns in between, so a prefix cache keeps serving them.
+
+    Whole items only: a function call leaves with its output, an assistant message is never
+    cut inside (it is what the listener heard), and the newest item always stays.
+    """
+    mode: Literal["auto", "disabled", "retention_ratio"] = "auto"
+    retention_ratio: float = 1.0
+    post_instructions_tokens: int | None = None
 
 
 @dataclass
@@ -87,6 +125,8 @@ class GenerationRequest:
     #: "realtime" replies someone is waiting to hear; "background" work (e.g. transcribing a
     #: user turn) runs only in what realtime replies leave over
     priority: Literal["realtime", "background"] = "realtime"
+    #: what the engine may leave out of `context` when it does not fit
+    truncation: Truncation = field(default_factory=Truncation)
 
 
 # --------------------------------------------------------------------------- deltas
@@ -112,18 +152,30 @@ class ToolCallDelta:
 
 
 @dataclass
+class ContextTruncated:
+    """The conversation did not fit: the model reads it from `first_item_id` on.
+
+    The first delta of a generation, before any output, and only when items were left out:
+    `dropped_items` conversation items, `dropped_tokens` prompt tokens."""
+    first_item_id: str
+    dropped_items: int
+    dropped_tokens: int
+
+
+@dataclass
 class Finished:
     """Always the last delta of a generation that was not cancelled."""
     reason: Literal["stop", "length", "tool_calls"] = "stop"
-    input_tokens: int = 0
+    input_tokens: int = 0          # the prompt the model read (after any truncation)
     input_audio_tokens: int = 0
+    cached_tokens: int = 0         # of input_tokens, those taken from a cache (not computed)
     output_text_tokens: int = 0
     output_audio_tokens: int = 0
     # seconds from the request to the first audio / text sample, and in total
     timings: dict[str, float] = field(default_factory=dict)
 
 
-Delta = Union[TextDelta, AudioDelta, ToolCallDelta, Finished]
+Delta = Union[ContextTruncated, TextDelta, AudioDelta, ToolCallDelta, Finished]
 
 
 @dataclass

@@ -19,9 +19,13 @@ class EngineOverloaded(EngineError):
 class ContextLengthExceeded(EngineError):
     """The conversation (prompt plus the reply's budget) does not fit the model's context."""
 
-    def __init__(self, prompt_tokens: int, limit: int) -> None:
+    def __init__(self, prompt_tokens: int, limit: int, *, newest_only: bool = False) -> None:
+        """`newest_only`: truncation left out everything it may and the newest item alone
+        is still too long."""
+        advice = ("the newest item alone is too long: send a shorter one or ask for a shorter reply"
+                  if newest_only else "delete or truncate earlier items, or turn truncation on")
         super().__init__(
             f"the conversation is {prompt_tokens} tokens; the model's context holds {limit} "
-            "with room for the reply: delete or truncate earlier items")
+            f"with room for the reply: {advice}")
         self.prompt_tokens = prompt_tokens
         self.limit = limit

@@ -1,14 +1,16 @@
 """Stand-ins for the HF processors of Qwen2.5-Omni and Qwen3-Omni (no weights download here).
 
 What the vllm-omni engine uses of a real processor: `chat_template`, `apply_chat_template`
-(rendered with transformers' own Jinja renderer), `audio_token` and
-`tokenizer.convert_tokens_to_ids`. The templates are short ones of our own that lay turns
+(rendered with transformers' own Jinja renderer), `audio_token`,
+`tokenizer.convert_tokens_to_ids` and `tokenizer(text)["input_ids"]` (to count a prompt). The templates are short ones of our own that lay turns
 out like the real ones: `<|im_start|>role ... <|im_end|>` turns, the model's audio
 placeholder where the user spoke, and for Qwen3-Omni tools, `<tool_call>` and
 `<tool_response>` blocks. Qwen2.5-Omni's real template has no tool support; neither does ours.
 """
 
 from __future__ import annotations
+
+import re
 
 from transformers.utils.chat_template_utils import render_jinja_template
 
@@ -48,11 +50,20 @@ QWEN3_OMNI_TEMPLATE = (
 
 
 class _Tokenizer:
+    """Special tokens (`<|...|>`) are one token each, as in the real tokenizer; words and
+    punctuation one token each (a real BPE gives a few more, which no test depends on)."""
+
+    _TOKENS = re.compile(r"<\|[^|]+\|>|\w+|[^\w\s]")
+
     def __init__(self, special_ids: dict[str, int]) -> None:
         self._special_ids = special_ids
 
     def convert_tokens_to_ids(self, token: str) -> int:
         return self._special_ids[token]
+
+    def __call__(self, text: str) -> dict[str, list[int]]:
+        return {"input_ids": [self._special_ids.get(token, 1000 + len(token))
+                              for token in self._TOKENS.findall(text)]}
 
 
 class _Processor:

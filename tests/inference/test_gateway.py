@@ -33,13 +33,18 @@ class Gateway:
     async def client(self) -> RealtimeClient:
         return await RealtimeClient.connect(self.url, "k")
 
+    async def __aenter__(self) -> "Gateway":
+        await self.server.start_server()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.server.close()
+
 
 @pytest.fixture
 async def gateway():
-    gw = Gateway(ScriptedEngine())
-    await gw.server.start_server()
-    yield gw
-    await gw.server.close()
+    async with Gateway(ScriptedEngine()) as gw:
+        yield gw
 
 
 async def say(client: RealtimeClient, text: str) -> None:
@@ -332,3 +337,91 @@ async def test_a_client_that_does_not_read_is_dropped_and_the_session_freed():
         sock.close()
     finally:
         await gw.server.close()
+
+
+# --------------------------------------------------------------------------- context truncation
+
+async def turn(client: RealtimeClient, text: str) -> dict:
+    """A user turn and its reply; the reply's response.done."""
+    await say(client, text)
+    await client.send("response.create")
+    return (await client.until_done())[-1]["response"]
+
+
+async def test_truncation_is_a_session_field_as_openai_has_it(gateway):
+    async with await gateway.client() as c:
+        assert c.events[0]["session"]["truncation"] == "auto"
+        ratio = {"type": "retention_ratio", "retention_ratio": 0.8, "token_limits": {"post_instructions": 3000}}
+        assert (await c.update_session(truncation=ratio))["truncation"] == ratio
+        await turn(c, "hi")
+        assert gateway.engine.requests[-1].truncation == eng.Truncation(
+            mode="retention_ratio", retention_ratio=0.8, post_instructions_tokens=3000)
+        assert (await c.update_session(truncation="disabled"))["truncation"] == "disabled"
+        await turn(c, "hi")
+        assert gateway.engine.requests[-1].truncation == eng.Truncation(mode="disabled")
+        for bad in ("sometimes", {"type": "retention_ratio", "retention_ratio": 1.5},
+                    {"type": "retention_ratio"}, {"type": "retention_ratio", "retention_ratio": 0.5,
+                                                  "token_limits": {"post_instructions": 0}}):
+            await c.send("session.update", event_id="bad", session={"truncation": bad})
+            error = await c.wait_for("error")
+            assert error["error"]["code"] == "invalid_event" and "truncation" in error["error"]["message"]
+        assert (await c.update_session())["truncation"] == "disabled"  # the bad ones changed nothing
+
+
+async def test_items_the_engine_left_out_are_not_sent_again_but_stay_in_the_conversation(gateway):
+    gateway.engine.keep_items = 3
+    gateway.engine.cached_tokens = 7
+    async with await gateway.client() as c:
+        first = await turn(c, "one")
+        assert first["context_start_item_id"] == gateway.engine.requests[0].context[0].item_id
+        assert first["usage"]["input_token_details"]["cached_tokens"] == 7
+        user_one = gateway.engine.requests[0].context[0].item_id
+        second = await turn(c, "two")  # one, reply, two: 3 items, all read
+        assert second["context_start_item_id"] == user_one
+        third = await turn(c, "three")  # 5 items: the engine reads the newest 3
+        sent = gateway.engine.requests[-1].context
+        assert third["context_start_item_id"] == sent[-3].item_id
+        await turn(c, "four")
+        # the next request starts where the model's reading started: the two oldest never again
+        ids = [item.item_id for item in gateway.engine.requests[-1].context]
+        assert user_one not in ids and ids[0] == third["context_start_item_id"]
+        # as OpenAI keeps them, the items are still in the conversation
+        await c.send("conversation.item.retrieve", item_id=user_one)
+        retrieved = await c.wait_for("conversation.item.retrieved")
+        assert retrieved["item"]["content"][0]["text"] == "one"
+        assert not [e for e in c.events if e["type"] in ("error", "conversation.item.deleted")]
+
+
+async def test_at_the_item_limit_items_out_of_the_context_make_room():
+    engine = ScriptedEngine(words=1)
+    engine.keep_items = 2
+    async with Gateway(engine, max_conversation_items=6) as gw:
+        async with await gw.client() as c:
+            for i in range(8):  # 16 items through a conversation of at most 6
+                done = await turn(c, f"turn {i}")
+                assert done["status"] == "completed"
+            deleted = [e["item_id"] for e in c.events if e["type"] == "conversation.item.deleted"]
+            assert len(deleted) >= 10 and not [e for e in c.events if e["type"] == "error"]
+            # oldest first, and only items the model no longer read
+            added = [e["item"]["id"] for e in c.events if e["type"] == "conversation.item.added"]
+            assert deleted == added[:len(deleted)]
+            assert not set(deleted) & {i.item_id for i in engine.requests[-1].context}
+            # an item refused for another reason makes no room: nothing else changes
+            seen = len(c.events)
+            await c.send("conversation.item.create", item={"type": "message", "id": added[-1], "role": "user",
+                                                           "content": [{"type": "input_text", "text": "again"}]})
+            assert (await c.wait_for("error"))["error"]["code"] == "item_id_taken"
+            assert not [e for e in c.events[seen:] if e["type"] == "conversation.item.deleted"]
+
+
+async def test_disabled_truncation_keeps_the_engines_refusal(gateway):
+    gateway.engine.refuse = eng.ContextLengthExceeded(5000, 3584)
+    async with await gateway.client() as c:
+        await c.update_session(truncation="disabled")
+        await say(c, "hi")
+        await c.send("response.create", event_id="rc1")
+        events = await c.until_done()
+    error = next(e for e in events if e["type"] == "error")
+    assert error["error"]["code"] == "context_length_exceeded" and error["error"]["event_id"] == "rc1"
+    assert "context holds 3584" in error["error"]["message"]
+    assert events[-1]["response"]["status"] == "failed"

@@ -69,10 +69,15 @@ async def test_one_line_events_that_ended_the_session(worker, payload, code):
         await a_turn_completes(c)
 
 
-async def test_an_error_about_a_surrogate_event_id_still_serialises(worker):
+async def test_a_surrogate_event_id_is_echoed_as_sent_so_the_client_can_match_it(worker):
     async with await connect(worker) as c:
-        err = await refused(c, '{"type":"bogus","event_id":"\\ud800"}', "invalid_event", event_id="\ufffd")
-        assert err["param"] == "event_id"
+        for payload, event_id in (('{"type":"bogus","event_id":"\\ud800"}', "\ud800"),
+                                  ('{"type":"input_audio_buffer.commit","event_id":"c-\\udc80-1"}', "c-\udc80-1")):
+            err = await refused(c, payload, "invalid_event", event_id=event_id)
+            assert err["param"] == "event_id" and "not valid Unicode" in err["message"]
+        await c.send_raw('{"type":"bogus","event_id":"\\udfff"}')
+        frame = await c.ws.receive()  # plain ASCII JSON: the id travels as a \\uXXXX escape
+        assert frame.data.isascii() and '"event_id": "\\udfff"' in frame.data
         await a_turn_completes(c)
 
 

@@ -516,6 +516,85 @@ async def test_truncating_a_replayed_reply_replaces_its_text(gateway, open_sessi
     assert all(e.recoverable for e in rec.errors)
 
 
+# --------------------------------------------------------------------------- long calls
+
+
+async def a_turn(session: RealtimeSession) -> None:
+    await speak(session, 0.3)
+    await asyncio.wait_for(read_generation(await asyncio.wait_for(session.generate_reply(), 10)), 10)
+
+
+async def test_truncation_is_passed_through_and_checked_up_front(gateway, open_session):
+    ratio = {"type": "retention_ratio", "retention_ratio": 0.8, "token_limits": {"post_instructions": 2000}}
+    session, rec = open_session(truncation=ratio)
+    updated = await rec.wait_received("session.updated")
+    assert updated["session"]["truncation"] == ratio
+    await a_turn(session)
+    assert gateway.engine.requests[-1].truncation == eng.Truncation(
+        mode="retention_ratio", retention_ratio=0.8, post_instructions_tokens=2000)
+    session, rec = open_session()  # not given: the worker's default
+    assert (await rec.wait_received("session.updated"))["session"]["truncation"] == "auto"
+    for bad in ("sometimes", {"type": "retention_ratio", "retention_ratio": 2},
+                {"type": "retention_ratio", "retention_ratio": 0.5, "token_limits": {"post_instructions": -1}}):
+        with pytest.raises(ValueError, match="truncation"):
+            RealtimeModel(url=gateway.url, truncation=bad)
+
+
+async def test_a_reconnection_replays_only_what_the_lost_workers_model_read(gateway, open_session):
+    gateway.engine.keep_items = 3  # the model reads the newest three items
+    session, rec = open_session(conn_options=APIConnectOptions(max_retry=20, retry_interval=0.05, timeout=2))
+    for _ in range(4):
+        await a_turn(session)
+    held = [item.id for item in session.chat_ctx.items]
+    read = [item.item_id for item in gateway.engine.requests[-1].context]
+    start = held.index(read[-3])
+    assert len(held) == 8 and start == 4  # the fourth request read turn 3 on
+
+    full_history = session.chat_ctx.copy()  # what the agent keeps
+    await gateway.stop()
+    await gateway.start()
+    await asyncio.wait_for(rec.reconnected.wait(), 10)
+    assert [item.id for item in session.chat_ctx.items] == held[start:]
+
+    await a_turn(session)
+    assert [item.item_id for item in gateway.engine.requests[-1].context][:-1] == held[start:]
+    # the framework syncing its whole history back sends nothing the worker does not hold
+    for item in session.chat_ctx.items:
+        if full_history.get_by_id(item.id) is None:
+            full_history.items.append(item)
+    sent_before = len(rec.sent)
+    await session.update_chat_ctx(full_history)
+    assert rec.sent[sent_before:] == []
+    assert all(e.recoverable for e in rec.errors)
+
+
+async def test_items_the_worker_deletes_to_make_room_are_never_sent_back():
+    engine = ScriptedEngine(words=2, step_s=0.0)
+    engine.keep_items = 2
+    async with Gateway(engine, max_conversation_items=6) as gw:
+        model = RealtimeModel(url=gw.url, api_key=KEY, input_transcription=False)
+        session = model.session()
+        rec = Recorder(session)
+        try:
+            full_history = llm.ChatContext()
+            for _ in range(5):
+                await a_turn(session)
+                for item in session.chat_ctx.items:
+                    if full_history.get_by_id(item.id) is None:
+                        full_history.items.append(item)
+            deleted = [e["item_id"] for e in rec.received if e["type"] == "conversation.item.deleted"]
+            assert len(deleted) >= 4 and not [e for e in rec.received if e["type"] == "error"]
+            assert not {item.id for item in session.chat_ctx.items} & set(deleted)
+            sent_before = len(rec.sent)
+            await session.update_chat_ctx(full_history)  # the agent's whole history
+            assert rec.sent[sent_before:] == []
+            await a_turn(session)
+            assert rec.errors == []
+        finally:
+            await session.aclose()
+            await model.aclose()
+
+
 async def test_reconnect_replays_an_open_turn(gateway, open_session):
     session, rec = open_session(conn_options=APIConnectOptions(max_retry=20, retry_interval=0.05, timeout=2))
     for frame in room_frames(0.5):

@@ -10,24 +10,27 @@ free (or kept as its session's prefix cache) at once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
+from dataclasses import dataclass
 from typing import AsyncIterator
 
 import numpy as np
 import torch
 
 from ..base import (
-    Delta, EngineLoad, Finished, GenerationRequest, OmniEngine, UserAudio, UserText,
+    ContextTruncated, Delta, EngineLoad, Finished, GenerationRequest, OmniEngine, UserAudio, UserText,
 )
-from ..exceptions import ContextLengthExceeded, EngineError
+from ..exceptions import EngineError
 from ..tool_calls import OPEN_TAG
+from ..truncation import fit_context
 from .constrained import CLOSING_LIMIT, GrammarFactory
 from .compiled import set_cache_dir
 from .core import EngineCore
 from .kv_pool import kv_bytes_per_token
 from .loading import LoadedModel, load_model, resolve_device, resolve_dtype
-from .prompt import build_prompt, template_tools
+from .prompt import Prompt, build_prompt, template_tools
 from .reply import GenerationSettings, PreparedPrompt, Reply, max_new_tokens
 from .runner import ModelRunner
 from .sampling import TALKER_SAMPLING, SamplingParams
@@ -52,6 +55,61 @@ def default_chunk_blocks(cuda: bool) -> int:
 
 
 MAX_SLOTS = 64
+CPU_KV_SLOTS, CPU_CONTEXT_TOKENS = 8, 4096
+GPU_TARGET_SLOTS = 32          # calls one GPU aims to carry at once (the engine's benchmarks)
+MIN_CONTEXT_TOKENS = 4096      # sized from memory, the context never gets shorter than this
+MODEL_CONTEXT_TOKENS = 32_768  # Qwen2.5-Omni's limit, when a config does not say
+CONTEXT_STEP = 1024            # contexts sized from memory are multiples of this
+
+
+@dataclass(frozen=True)
+class ReplyDefaults:
+    max_new_tokens: int
+    max_audio_seconds: float
+    min_audio_seconds: float
+
+
+REPLY = ReplyDefaults(max_new_tokens=512, max_audio_seconds=60.0, min_audio_seconds=0.0)
+# tiny-random's random talker says its end code early at random and its thinker never stops
+# by itself: 2-5 s of sound and a short text, what ./scripts/dev has always asked for
+TINY_RANDOM_REPLY = ReplyDefaults(max_new_tokens=48, max_audio_seconds=5.0, min_audio_seconds=2.0)
+
+
+@dataclass(frozen=True)
+class KVSizing:
+    slots: int
+    context_tokens: int
+    slot_bytes: int   # thinker and talker KV of one slot
+
+
+def size_kv(budget_bytes: int, thinker_token_bytes: int, talker_token_bytes: int, speech_codes: int, *,
+            slots: int | None = None, context_tokens: int | None = None,
+            model_context_tokens: int = MODEL_CONTEXT_TOKENS) -> KVSizing:
+    """Split a KV memory budget into slots (calls at once) and context (memory of each).
+
+    A slot holds `context` thinker tokens and `context + speech_codes` talker tokens. What is
+    given stays; what is not comes from the budget: with neither, GPU_TARGET_SLOTS slots with
+    the longest context they fit (a multiple of CONTEXT_STEP, at most the model's limit, at
+    least MIN_CONTEXT_TOKENS, where fewer slots fit), then as many slots as fit that context.
+    """
+    def slot_bytes(context: int) -> int:
+        return thinker_token_bytes * context + talker_token_bytes * (context + speech_codes)
+
+    def context_for(count: int) -> int:
+        per_token = thinker_token_bytes + talker_token_bytes
+        room = (budget_bytes // count - talker_token_bytes * speech_codes) // per_token
+        return min(model_context_tokens, room // CONTEXT_STEP * CONTEXT_STEP)
+
+    if context_tokens is None:
+        context_tokens = max(context_for(slots or GPU_TARGET_SLOTS), min(MIN_CONTEXT_TOKENS, model_context_tokens))
+    if slots is None:
+        slots = min(MAX_SLOTS, budget_bytes // slot_bytes(context_tokens))
+    if slots < 1 or slots * slot_bytes(context_tokens) > budget_bytes:
+        raise EngineError(f"{slots} KV slots of {context_tokens} tokens need "
+                          f"{slots * slot_bytes(context_tokens) / 2**30:.1f} GB; the KV memory budget is "
+                          f"{budget_bytes / 2**30:.1f} GB: lower kv_slots or context_tokens, or raise "
+                          "kv_memory_fraction")
+    return KVSizing(slots=int(slots), context_tokens=int(context_tokens), slot_bytes=slot_bytes(context_tokens))
 
 
 class ReferenceEngine(OmniEngine):
@@ -62,12 +120,18 @@ class ReferenceEngine(OmniEngine):
       dtype: "auto" (bfloat16 on cuda, float32 on cpu), "bfloat16", "float16", "float32":
         the thinker's and talker's (token2wav: see token2wav_dtype).
       kv_slots: replies that can hold KV memory at once, running or cached between a
-        session's turns (default: on cuda as many as `kv_memory_fraction` of the free memory
-        holds, at most 64; 8 on cpu). This is the engine's capacity.
+        session's turns: the engine's capacity (default: see below).
+      context_tokens: thinker tokens a KV slot holds, prompt and reply together: how much of
+        a conversation the model reads (older items leave it as the request's truncation
+        allows, else the request is refused with `ContextLengthExceeded`).
+        Defaults: on cpu 8 slots of 4096 tokens. On cuda both come from the KV memory
+        (`kv_memory_fraction` of the free memory after loading; ~0.1 MB a token for thinker
+        and talker at 7B): 32 slots with the longest context they fit, up to the model's
+        own limit (32,768 for Qwen2.5-Omni), never under 4096 (then fewer slots); with more
+        memory than 32 slots of the model's limit take, more slots (at most 64). Given one,
+        the other is sized from memory. One log line at start-up says what was chosen.
       kv_memory_fraction: share of the free GPU memory after loading the KV pool may take
         (default 0.5; the rest is for activations and graphs).
-      context_tokens: thinker tokens a KV slot holds, prompt and reply together (default
-        4096); a longer conversation is refused with `ContextLengthExceeded`.
       prefill_chunk_tokens: prompt tokens prefilled per loop step (default 512 on cuda, 256 on
         cpu); running replies decode between chunks, and a cancel stops a prefill between them.
       max_waiting: replies that may wait for memory at once before more are refused with
@@ -82,13 +146,14 @@ class ReferenceEngine(OmniEngine):
         made 2.8× the audio per second of float32; its effect on real voices is unmeasured
         here. The ODE's state and time embedding stay float32, and so does the vocoder.
       encoder_cache_mb: audio-encoder outputs kept for reuse across turns (default 512).
-      max_new_tokens: cap on the thinker's reply (default 512); a request's
-        `max_output_tokens` can only lower it.
-      max_audio_seconds: cap on speech per reply (default 60); the talker stops there even
-        if it never produces its end code.
+      max_new_tokens: cap on the thinker's reply (default 512; 48 for tiny-random); a
+        request's `max_output_tokens` can only lower it.
+      max_audio_seconds: cap on speech per reply (default 60; 5 for tiny-random); the talker
+        stops there even if it never produces its end code.
       min_audio_seconds: the talker's end codes are masked until this much speech exists
-        (generate's `talker_min_new_tokens`; default 0). Tests use it: a random talker may
-        end after a few codes.
+        (generate's `talker_min_new_tokens`; default 0; 2 for tiny-random, whose random
+        talker may end after a few codes: its replies are 2-5 s of sound, as ./scripts/dev
+        has always made them).
       max_tool_argument_tokens: length budget of a forced tool call's arguments (default 256).
       ode_steps: token2wav DiT ODE steps per chunk (default 5; transformers runs 10; fewer
         is faster and rougher).
@@ -119,11 +184,15 @@ class ReferenceEngine(OmniEngine):
         otherwise torch's own default).
       warmup: run one short generation in `start()` (default True).
 
-    `Finished.timings` (seconds): queue_wait_s (waiting for a KV slot), prompt_s (chat
-    template and tokens, on the CPU), reused_tokens and prefill_tokens (prompt tokens taken
-    from the session's prefix cache and computed), first_text_s and first_audio_s (from the
-    request's arrival; present only if that output was produced), total_s, audio_s (speech
-    produced), decode_steps (a count). The path to the first audio, phase by phase (GPU time
+    Truncation: when the prompt does not fit `context_tokens` with room for the reply, the
+    oldest conversation items are left out as `request.truncation` allows (see
+    inference/engine/truncation.py); each candidate cut is rendered and counted exactly.
+
+    `Finished.cached_tokens` is `reused_tokens`. `Finished.timings` (seconds): queue_wait_s
+    (waiting for a KV slot), prompt_s (chat template and tokens, on the CPU), reused_tokens
+    and prefill_tokens (prompt tokens taken from the session's prefix cache and computed),
+    first_text_s and first_audio_s (from the request's arrival; present only if that output
+    was produced), total_s, audio_s (speech produced), decode_steps (a count). The path to the first audio, phase by phase (GPU time
     on cuda, measured with CUDA events): prefill_s, talker_prefill_s (first thinker step +
     talker start), first_chunk_decode_s (decode steps until the first chunk's codes are
     there), first_chunk_codes (how many codes that was), first_dit_s, first_vocoder_s.
@@ -133,12 +202,12 @@ class ReferenceEngine(OmniEngine):
 
     def __init__(self, model: str, *, device: str = "auto", dtype: str = "auto",
                  kv_slots: int | None = None, kv_memory_fraction: float = 0.5,
-                 context_tokens: int = 4096, prefill_chunk_tokens: int | None = None,
+                 context_tokens: int | None = None, prefill_chunk_tokens: int | None = None,
                  max_waiting: int | None = None, max_queue_wait_s: float = 10.0,
                  playback_margin_s: float = 0.5, token2wav_interval_s: float = 0.25,
                  token2wav_dtype: str = "auto", encoder_cache_mb: int = 512,
-                 max_new_tokens: int = 512, max_audio_seconds: float = 60.0,
-                 min_audio_seconds: float = 0.0, max_tool_argument_tokens: int = 256,
+                 max_new_tokens: int | None = None, max_audio_seconds: float | None = None,
+                 min_audio_seconds: float | None = None, max_tool_argument_tokens: int = 256,
                  ode_steps: int | None = None, first_chunk_blocks: int = 1,
                  chunk_blocks: int | None = None, lookahead_blocks: int = 1,
                  lookback_blocks: int = 2, first_lookahead_blocks: int | None = None,
@@ -159,14 +228,18 @@ class ReferenceEngine(OmniEngine):
         self.compile_cache_dir = compile_cache_dir
         if kv_slots is not None and not 1 <= kv_slots <= MAX_SLOTS:
             raise ValueError(f"kv_slots must be between 1 and {MAX_SLOTS}")
-        if context_tokens < 16 or max_new_tokens < 1 or max_audio_seconds <= 0:
+        reply_defaults = TINY_RANDOM_REPLY if model == "tiny-random" else REPLY
+        max_new_tokens = reply_defaults.max_new_tokens if max_new_tokens is None else max_new_tokens
+        max_audio_seconds = reply_defaults.max_audio_seconds if max_audio_seconds is None else max_audio_seconds
+        min_audio_seconds = reply_defaults.min_audio_seconds if min_audio_seconds is None else min_audio_seconds
+        if (context_tokens is not None and context_tokens < 16) or max_new_tokens < 1 or max_audio_seconds <= 0:
             raise ValueError("context_tokens, max_new_tokens and max_audio_seconds must be positive")
         if not 0 < kv_memory_fraction <= 0.95:
             raise ValueError("kv_memory_fraction must be in (0, 0.95]")
         self.cuda_graphs = cuda_graphs
         self.kv_slots = kv_slots
         self.kv_memory_fraction = kv_memory_fraction
-        self.context_tokens = context_tokens
+        self.context_tokens = context_tokens  # None: sized at start (`size_kv`)
         self.prefill_chunk_tokens = prefill_chunk_tokens or (512 if cuda else 256)
         self.max_waiting = max_waiting
         self.max_queue_wait_s = max_queue_wait_s
@@ -222,8 +295,9 @@ class ReferenceEngine(OmniEngine):
         self._tool_open_id = self._single_token_id(OPEN_TAG)
         self._thinker_sampling = SamplingParams.from_generation_config(model.thinker.generation_config)
         self._codes_per_second = codes_per_second(model)
-        talker_capacity = self.context_tokens + max_codes_for(model, self.settings.max_audio_seconds) + 4
-        slots = self.kv_slots or self._slots_that_fit(talker_capacity)
+        speech_codes = max_codes_for(model, self.settings.max_audio_seconds) + 4
+        slots, self.context_tokens = self._size_kv(speech_codes)
+        talker_capacity = self.context_tokens + speech_codes
         self.runner = await asyncio.to_thread(
             ModelRunner, model, loaded.processor.feature_extractor, slots=slots,
             thinker_capacity=self.context_tokens, talker_capacity=talker_capacity,
@@ -246,19 +320,26 @@ class ReferenceEngine(OmniEngine):
         if self.warmup:
             await self._warm_up()
 
-    def _slots_that_fit(self, talker_capacity: int) -> int:
+    def _size_kv(self, speech_codes: int) -> tuple[int, int]:
+        """KV slots and context tokens: as given, the cpu defaults, or from GPU memory."""
         if self.device.type != "cuda":
-            return 8
+            slots, context = self.kv_slots or CPU_KV_SLOTS, self.context_tokens or CPU_CONTEXT_TOKENS
+            logger.info("KV memory: %d slots of %d tokens of context (kv_slots, context_tokens)", slots, context)
+            return slots, context
         model = self.loaded.model
-        per_slot = (kv_bytes_per_token(model.thinker.config.text_config, self.dtype) * self.context_tokens
-                    + kv_bytes_per_token(model.talker.config, self.dtype) * talker_capacity)
+        text_config = model.thinker.config.text_config
         free, _ = torch.cuda.mem_get_info(self.device)
-        slots = int(free * self.kv_memory_fraction // per_slot)
-        logger.info("KV memory: %.0f MB per slot, %.1f GB free: %d slots (at most %d)",
-                    per_slot / 2**20, free / 2**30, slots, MAX_SLOTS)
-        if slots < 1:
-            raise EngineError("not enough GPU memory for one KV slot; lower context_tokens")
-        return min(slots, MAX_SLOTS)
+        sizing = size_kv(
+            int(free * self.kv_memory_fraction), kv_bytes_per_token(text_config, self.dtype),
+            kv_bytes_per_token(model.talker.config, self.dtype), speech_codes, slots=self.kv_slots,
+            context_tokens=self.context_tokens,
+            model_context_tokens=getattr(text_config, "max_position_embeddings", None) or MODEL_CONTEXT_TOKENS)
+        logger.info("KV memory: %d slots of %d tokens of context, %.2f GB a slot, %.1f of %.1f GB free "
+                    "(kv_memory_fraction %g); more slots carry more calls at once, a longer context "
+                    "remembers more of each (kv_slots, context_tokens)", sizing.slots, sizing.context_tokens,
+                    sizing.slot_bytes / 2**30, sizing.slots * sizing.slot_bytes / 2**30, free / 2**30,
+                    self.kv_memory_fraction)
+        return sizing.slots, sizing.context_tokens
 
     async def close(self) -> None:
         if self.core is not None:
@@ -307,9 +388,11 @@ class ReferenceEngine(OmniEngine):
         if self.core is None:
             raise EngineError("the reference engine is not started")
         voice = self._voice(request.voice)
-        prepared = await asyncio.to_thread(self._prepare, request, voice)
+        prepared, truncated = await asyncio.to_thread(self._prepare, request, voice)
         if self.core is None:  # closed while the prompt was being prepared
             raise EngineError("the reference engine is shutting down")
+        if truncated is not None:
+            yield truncated
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         reply = Reply(
@@ -332,24 +415,41 @@ class ReferenceEngine(OmniEngine):
                 if isinstance(item, BaseException):
                     finished = True
                     raise EngineError(f"generation failed: {item}") from item
-                yield item
                 if isinstance(item, Finished):
                     finished = True
+                    yield dataclasses.replace(item, cached_tokens=reply.reused)
                     return
+                yield item
         finally:
             if not finished:  # cancelled or abandoned: stop its work before the next step
                 self.core.abort(reply)
 
-    def _prepare(self, request: GenerationRequest, voice: str) -> PreparedPrompt:
-        """Chat template, tokens and rope positions (CPU work, off the event loop), and the
-        checks that refuse a request before it costs any GPU time."""
+    def _prepare(self, request: GenerationRequest, voice: str) -> tuple[PreparedPrompt, ContextTruncated | None]:
+        """Chat template, tokens and rope positions (CPU work, off the event loop), the
+        context's truncation, and the checks that refuse a request before it costs any GPU
+        time."""
         forced = self._forced_tools(request)
         prefix = _forced_prefix(forced)
-        prompt = build_prompt(self.loaded.processor, request, forced_prefix=prefix)
         limit = max_new_tokens(self.settings, request)
-        room = self.context_tokens - limit - (CLOSING_LIMIT if forced else 0)
-        if prompt.length > room:
-            raise ContextLengthExceeded(prompt.length, max(room, 0))
+        room = max(self.context_tokens - limit - (CLOSING_LIMIT if forced else 0), 0)
+        prompts: dict[int, Prompt] = {}
+
+        def prompt_from(start: int) -> Prompt:
+            if start not in prompts:
+                prompts[start] = build_prompt(
+                    self.loaded.processor, dataclasses.replace(request, context=request.context[start:]),
+                    forced_prefix=prefix)
+            return prompts[start]
+
+        start = fit_context(request.context, request.truncation, room=room,
+                            measure=lambda at: prompt_from(at).length)
+        prompt = prompt_from(start)
+        truncated = None
+        if start:
+            truncated = ContextTruncated(
+                first_item_id=request.context[start].item_id,
+                dropped_items=len({item.item_id for item in request.context[:start]}),
+                dropped_tokens=prompt_from(0).length - prompt.length)
         model = self.loaded.model
         ids = prompt.input_ids
         audio_lengths = prompt.audio_lengths
@@ -367,7 +467,7 @@ class ReferenceEngine(OmniEngine):
         return PreparedPrompt(
             prompt=prompt, thinker_positions=positions, thinker_rope_delta=int(deltas.reshape(-1)[0]),
             talker_positions=talker_positions, talker_rope_delta=talker_delta,
-            forced_tools=forced, forced_prefix=prefix, max_new_tokens=limit)
+            forced_tools=forced, forced_prefix=prefix, max_new_tokens=limit), truncated
 
     @staticmethod
     def _forced_tools(request: GenerationRequest) -> list[dict] | None:

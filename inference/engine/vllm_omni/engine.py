@@ -14,6 +14,7 @@ as they arrive.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -24,14 +25,15 @@ import numpy as np
 import soxr
 
 from ..base import (
-    OUTPUT_SAMPLE_RATE, AudioDelta, Delta, Finished, GenerationRequest, OmniEngine, TextDelta,
-    ToolCallDelta, UserAudio, UserText,
+    OUTPUT_SAMPLE_RATE, AudioDelta, ContextTruncated, Delta, Finished, GenerationRequest, OmniEngine,
+    TextDelta, ToolCallDelta, UserAudio, UserText,
 )
 from ..exceptions import EngineError
 from . import outputs, presets
 from . import prompt as prompts
 from .compat import NEWEST, Api
 from ..tool_calls import ToolCallParser
+from ..truncation import fit_context
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +43,7 @@ GPU_EXTRA_HINT = (
     "or `gpu-torch211` (0.26, torch 2.11); see docs/vllm-omni.md"
 )
 WARMUP_MAX_TOKENS = 8
+MODEL_CONTEXT_TOKENS = 32_768  # Qwen2.5-Omni's and Qwen3-Omni's thinker limit
 ABORT_TIMEOUT_S = 2.0  # what vllm-omni allows its own clean-up abort
 
 
@@ -53,13 +56,20 @@ class VllmOmniEngine(OmniEngine):
       (a dict or its JSON text).
     - `async_chunk`: stream audio in chunks (True) or in one piece (False); None keeps the
       deploy config's choice.
-    - `max_model_len`: the thinker's context length (conversation + reply, in tokens).
+    - `max_model_len`: the thinker's context length (conversation + reply, in tokens); also
+      the budget of the engine's truncation, with the preset's or `stage_overrides`' own
+      stage-0 value, else the model's 32,768.
     - `warmup`: run one short generation in `start()` (default True).
     - `preset`: a named deployment from presets.py, e.g. `one-gpu-voice`; `stage_overrides`
       go over it.
     - `dummy_weights`: random weights at the model's shapes (benchmarks; see presets.py).
     - `stage_sampling`: per-stage sampling settings over the deploy config's defaults,
       `{"1": {"min_tokens": 200, "max_tokens": 200}}` (benchmarks force reply lengths so).
+
+    Truncation: the prompt is counted as vLLM will see it (prompt.py's `length`) and the
+    oldest conversation items are left out as the request's truncation allows, until it
+    fits the thinker's `max_model_len` with room for the reply and holds at most the thinker
+    stage's `limit_mm_per_prompt` audio clips.
     """
 
     name = "vllm-omni"
@@ -72,6 +82,9 @@ class VllmOmniEngine(OmniEngine):
         super().__init__(model)
         overrides = presets.stage_overrides(preset, dummy_weights, _stage_dict(stage_overrides, "stage_overrides"))
         self._omni_kwargs = _async_omni_kwargs(deploy_config, overrides, async_chunk, max_model_len)
+        thinker = overrides.get(presets.THINKER, {})
+        self.context_tokens = int(thinker.get("max_model_len") or MODEL_CONTEXT_TOKENS)
+        self.max_audio_clips: int | None = (thinker.get("limit_mm_per_prompt") or {}).get("audio")
         self._stage_sampling = _stage_dict(stage_sampling, "stage_sampling")
         self._warmup = warmup
         self._api: Api | None = None
@@ -147,10 +160,9 @@ class VllmOmniEngine(OmniEngine):
             raise EngineError("the vllm-omni engine is not started")
         began = time.perf_counter()
         speak = "audio" in request.modalities
-        try:
-            prompt = self._prompts.build(request)
-        except Exception as exc:  # e.g. the model's chat template refusing this conversation
-            raise EngineError(f"vllm-omni: cannot build the prompt: {exc}") from exc
+        prompt, truncated = await asyncio.to_thread(self._fit_prompt, request)
+        if truncated is not None:
+            yield truncated
         stream = self._omni.generate(
             prompt=prompt,
             request_id=request.request_id,
@@ -184,6 +196,38 @@ class VllmOmniEngine(OmniEngine):
             await self._stop(stream, request.request_id, abort=not completed)
         for delta in reply.finish():
             yield delta
+
+    def _fit_prompt(self, request: GenerationRequest) -> tuple[dict[str, Any], ContextTruncated | None]:
+        """The prompt, its context cut as the request's truncation allows (CPU work: off the
+        event loop)."""
+        prompts: dict[int, dict[str, Any]] = {}
+
+        def prompt_from(start: int) -> dict[str, Any]:
+            if start not in prompts:
+                try:
+                    prompts[start] = self._prompts.build(
+                        dataclasses.replace(request, context=request.context[start:]))
+                except Exception as exc:  # e.g. the model's chat template refusing this conversation
+                    raise EngineError(f"vllm-omni: cannot build the prompt: {exc}") from exc
+            return prompts[start]
+
+        reply = self._reply_budget(request)
+        start = fit_context(request.context, request.truncation, room=max(self.context_tokens - reply, 0),
+                            measure=lambda at: self._prompts.length(prompt_from(at)),
+                            max_audio_clips=self.max_audio_clips)
+        if not start:
+            return prompt_from(0), None
+        return prompt_from(start), ContextTruncated(
+            first_item_id=request.context[start].item_id,
+            dropped_items=len({item.item_id for item in request.context[:start]}),
+            dropped_tokens=self._prompts.length(prompt_from(0)) - self._prompts.length(prompt_from(start)))
+
+    def _reply_budget(self, request: GenerationRequest) -> int:
+        """The thinker tokens a reply may take: the request's cap, at most the stage's own."""
+        stage_cap = self._stage_sampling.get(presets.THINKER, {}).get("max_tokens") or \
+            self._omni.default_sampling_params_list[0].max_tokens
+        caps = [cap for cap in (request.max_output_tokens, stage_cap) if cap]
+        return min(caps) if caps else 0
 
     def _sampling_params(self, request: GenerationRequest) -> list:
         """Each stage's deploy-config defaults, as deltas; the reply length caps the thinker."""
@@ -224,6 +268,7 @@ class _Reply:
         self.text_finished = False
         self._finish_reason: str | None = None
         self._prompt_token_ids: list[int] = []
+        self._cached_tokens = 0
         self._text_tokens = 0
         self._talker_tokens = 0
         self._first_text_s: float | None = None
@@ -234,6 +279,7 @@ class _Reply:
     def on_text(self, output: Any) -> list[Delta]:
         if output.prompt_token_ids:
             self._prompt_token_ids = list(output.prompt_token_ids)
+        self._cached_tokens = getattr(output, "num_cached_tokens", None) or self._cached_tokens  # vLLM's prefix cache
         self._note_metrics(output)
         done = outputs.completion(output)
         if done is None:
@@ -296,6 +342,7 @@ class _Reply:
         deltas.append(Finished(
             reason="tool_calls" if self.tool_calls else ("length" if self._finish_reason == "length" else "stop"),
             input_tokens=len(self._prompt_token_ids),
+            cached_tokens=self._cached_tokens,
             input_audio_tokens=(self._prompt_token_ids.count(self._audio_token_id)
                                 if self._audio_token_id is not None else 0),
             output_text_tokens=self._text_tokens,

@@ -5,6 +5,9 @@ chat template (the HF processor's `apply_chat_template`, which puts the model's 
 placeholders where the user spoke), plus the user's audio clips, in order, as
 `multi_modal_data`. vLLM expands each placeholder to the clip's audio tokens.
 
+`length(prompt)` counts the tokens vLLM will see (the text's tokens, each audio placeholder as
+the clip's audio tokens), which is what the engine's truncation measures.
+
 Tool calls and results go through the chat template when it knows about tools (Qwen3-Omni);
 Qwen2.5-Omni's template does not, so for it they are written in the same hermes format Qwen's
 text models are trained on: a `<tools>` list in the system message, `<tool_call>` blocks in
@@ -57,6 +60,28 @@ class PromptBuilder:
             # stock Qwen2.5-Omni in vllm-omni 0.30 always speaks with its default voice.
             prompt["additional_information"] = {"speaker": [request.voice.lower()]}
         return prompt
+
+    def length(self, prompt: dict[str, Any]) -> int:
+        """The prompt's tokens as the thinker sees them: vLLM expands each clip's one
+        placeholder token to the clip's audio tokens."""
+        clips = (prompt.get("multi_modal_data") or {}).get("audio", [])
+        text_tokens = len(self._processor.tokenizer(prompt["prompt"])["input_ids"])
+        return text_tokens + sum(self.audio_tokens(len(clip)) - 1 for clip, _ in clips)
+
+    def audio_tokens(self, samples: int) -> int:
+        """Audio tokens of a clip of `samples` at 16 kHz: the model's feature extractor frames
+        (10 ms hops, at most its window) through its audio encoder's downsampling."""
+        extractor = getattr(self._processor, "feature_extractor", None)
+        hop = getattr(extractor, "hop_length", 160)
+        frames = -(-samples // hop)
+        window = getattr(extractor, "n_samples", None)
+        if window:
+            frames = min(frames, window // hop)
+        if self.is_qwen2_5_omni:
+            return ((frames - 1) // 2 + 1 - 2) // 2 + 1
+        # Qwen3-Omni: 13 tokens per 100 frames, the rest downsampled four times
+        rest = (frames % 100 - 1) // 2 + 1
+        return ((rest - 1) // 2 + 1 - 1) // 2 + 1 + (frames // 100) * 13
 
     def _messages(self, request: GenerationRequest, tools: list[ToolSpec]) -> tuple[list[dict], list]:
         system_text = self._system_text(request, tools)

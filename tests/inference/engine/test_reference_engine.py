@@ -20,10 +20,12 @@ import pytest_asyncio
 import torch
 
 from inference.engine import (
-    AssistantText, AudioDelta, Finished, GenerationRequest, TextDelta, ToolCall, ToolCallDelta,
-    ToolResult, ToolSpec, UserAudio, UserText, create_engine,
+    AssistantText, AudioDelta, ContextLengthExceeded, ContextTruncated, EngineError, Finished,
+    GenerationRequest, TextDelta, ToolCall, ToolCallDelta, ToolResult, ToolSpec, Truncation, UserAudio,
+    UserText, create_engine,
 )
 from inference.engine.reference.core import LoopStats
+from inference.engine.reference.engine import size_kv
 from inference.engine.reference.detokenize import IncrementalDecoder
 from inference.engine.reference.prompt import audio_features, build_messages, build_prompt
 from inference.engine.reference.reply import Reply
@@ -804,6 +806,99 @@ async def test_a_conversation_over_the_context_is_refused_before_any_work(greedy
         await collect(greedy, request(context=[UserText(long_text)]))
     assert greedy.core.stats.steps == steps
     assert isinstance((await collect(greedy, request(max_output_tokens=3)))[-1], Finished)
+
+
+async def truncated_conversation(engine, truncation: Truncation, turns_: int, tag: str):
+    """A spoken conversation driven as the gateway drives it: items carry ids, and each
+    ContextTruncated moves where the next request's context starts. Per turn: the truncation
+    reported (or None) and the Finished."""
+    items: list = []  # the whole conversation, as context items
+    start_id: str | None = None
+    results = []
+    for turn in range(turns_):
+        items.append(UserAudio(speech(0.6, seed=100 + turn), item_id=f"user{turn}"))
+        start = next(i for i, item in enumerate(items) if item.item_id == start_id) if start_id else 0
+        req = request(context=items[start:], max_output_tokens=8, session_id=tag, truncation=truncation)
+        req.request_id = f"{tag}-{turn}"
+        deltas = await collect(engine, req)
+        cut = next((d for d in deltas if isinstance(d, ContextTruncated)), None)
+        if cut is not None:
+            start_id = cut.first_item_id
+        assert isinstance(deltas[-1], Finished), deltas[-1]
+        results.append((cut, deltas[-1]))
+        items.append(AssistantText(outcome(deltas)[0] or "ok", item_id=f"reply{turn}"))
+    return results
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def small_context(engine):
+    """The module's model with a 360-token context: a few spoken turns fill it."""
+    small = create_engine("reference", "tiny-random", seed=7, max_audio_seconds=1.0, min_audio_seconds=0.5,
+                          ode_steps=4, max_new_tokens=8, warmup=False, kv_slots=2, context_tokens=360)
+    await small.start_with_model(engine.loaded)
+    yield small
+    small.loaded = None
+    await small.close()
+
+
+@asyncio_module
+async def test_a_retention_ratio_cuts_once_and_the_prefix_cache_serves_the_turns_after(small_context):
+    room = small_context.context_tokens - 8
+    base = build_prompt(small_context.loaded.processor, request(context=[])).length  # instructions, template
+    results = await truncated_conversation(
+        small_context, Truncation(mode="retention_ratio", retention_ratio=0.5), 14, "ratio")
+    cuts = [turn for turn, (cut, _) in enumerate(results) if cut is not None]
+    assert len(cuts) >= 2, "the conversation never crossed the context twice"
+    assert all(finished.input_tokens <= room for _, finished in results)
+    for first, second in zip(cuts, cuts[1:]):
+        assert second - first >= 2  # cut down to half at once: the next turns fit without a cut
+    for turn, (cut, finished) in enumerate(results):
+        assert finished.cached_tokens == finished.timings["reused_tokens"]
+        if turn and cut is None:
+            # the start stayed put: everything up to the new turn came from the cache
+            previous = results[turn - 1][1]
+            assert finished.cached_tokens >= previous.input_tokens - 2, turn
+        if cut is not None:
+            # down to half of the conversation's budget (the prompt beyond the instructions)
+            assert cut.dropped_items >= 2 and cut.dropped_tokens > 0
+            assert finished.input_tokens - base <= 0.5 * (room - base)
+
+
+@asyncio_module
+async def test_auto_leaves_out_only_what_does_not_fit(small_context):
+    room = small_context.context_tokens - 8
+    results = await truncated_conversation(small_context, Truncation(), 10, "auto")
+    cuts = [turn for turn, (cut, _) in enumerate(results) if cut is not None]
+    assert cuts, "the conversation never outgrew the context"
+    # once at the ceiling, a little leaves every turn: the prompt stays close to full
+    assert cuts == list(range(cuts[0], len(results)))
+    for cut, finished in results[cuts[0]:]:
+        assert room - 60 < finished.input_tokens <= room
+        assert cut.dropped_items <= 3
+
+
+@asyncio_module
+async def test_disabled_truncation_refuses_before_any_work(small_context):
+    with pytest.raises(ContextLengthExceeded, match="delete or truncate earlier items"):
+        await truncated_conversation(small_context, Truncation(mode="disabled"), 10, "disabled")
+
+
+def test_kv_sizing_trades_calls_for_memory():
+    mb = 1 << 20
+    # 7B-like: 57 KB thinker + 49 KB talker a token, 3004 talker codes for a minute of speech
+    thinker, talker, codes = 57 * 1024, 49 * 1024, 3004
+    h200 = size_kv(60 * 1024 * mb, thinker, talker, codes)
+    assert 32 <= h200.slots < 36 and 16_384 <= h200.context_tokens <= 20_480
+    assert h200.slots * h200.slot_bytes <= 60 * 1024 * mb
+    roomy = size_kv(400 * 1024 * mb, thinker, talker, codes)
+    assert roomy.context_tokens == 32_768 and roomy.slots > 32  # the model's limit, then more calls
+    small = size_kv(8 * 1024 * mb, thinker, talker, codes)
+    assert small.context_tokens == 4096 and 1 <= small.slots < 32  # never a shorter context
+    assert size_kv(60 * 1024 * mb, thinker, talker, codes, slots=8).context_tokens == 32_768
+    assert size_kv(60 * 1024 * mb, thinker, talker, codes, context_tokens=8192).slots == 61
+    assert size_kv(80 * 1024 * mb, thinker, talker, codes, context_tokens=8192).slots == 64  # the most
+    with pytest.raises(EngineError, match="lower kv_slots or context_tokens"):
+        size_kv(1024 * mb, thinker, talker, codes, slots=16, context_tokens=32_768)
 
 
 @asyncio_module

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from inference.engine import (
-    AssistantText, AudioDelta, Finished, GenerationRequest, TextDelta, ToolCall, ToolCallDelta,
-    ToolResult, ToolSpec, UserAudio, UserText, create_engine,
+    AssistantText, AudioDelta, ContextLengthExceeded, ContextTruncated, Finished, GenerationRequest, TextDelta,
+    ToolCall, ToolCallDelta, ToolResult, ToolSpec, Truncation, UserAudio, UserText, create_engine,
 )
 from inference.engine.vllm_omni import VllmOmniEngine
 from inference.engine.vllm_omni import compat, presets
@@ -288,6 +288,39 @@ async def test_finished_reports_usage_and_timings(fake_omni):
     assert (finished.timings["thinker_s"], finished.timings["talker_s"]) == (0.0125, 0.25)
     assert finished.timings["audio_s"] == omni.script.audio.size / 24_000
     assert 0 <= finished.timings["first_text_s"] <= finished.timings["first_audio_s"] <= finished.timings["total_s"]
+
+
+async def test_a_conversation_over_max_model_len_leaves_out_its_oldest_items(fake_omni):
+    """Counted as vLLM will see it (text tokens, each clip as its audio tokens: 25 a second
+    for Qwen2.5-Omni), the oldest items leave until prompt and reply fit max_model_len."""
+    engine, omni = await started(max_model_len=400)
+    one_second = np.full(16_000, 0.1, np.float32)
+    context = []
+    for turn in range(8):  # each turn: a second of speech (25 audio tokens) and a short reply
+        context += [UserAudio(one_second, item_id=f"user{turn}"),
+                    AssistantText(f"Reply number {turn} is short.", item_id=f"reply{turn}")]
+    context.append(UserText("And now?", item_id="last"))
+    deltas = await collect(engine.generate(request(*context, max_output_tokens=200)))
+
+    cut = deltas[0]
+    assert isinstance(cut, ContextTruncated) and cut.first_item_id in {item.item_id for item in context}
+    prompt = omni.calls[-1].prompt
+    assert prompt["prompt"].count("<|AUDIO|>") == len(prompt["multi_modal_data"]["audio"]) < 8
+    assert engine._prompts.length(prompt) <= 400 - 200
+    assert "And now?" in prompt["prompt"] and "Reply number 0 " not in prompt["prompt"]
+    assert prompts.PromptBuilder(Qwen2_5OmniProcessor()).audio_tokens(16_000) == 25
+    # disabled: the same conversation is refused before vLLM sees it
+    with pytest.raises(ContextLengthExceeded):
+        await collect(engine.generate(request(*context, max_output_tokens=200,
+                                              truncation=Truncation(mode="disabled"))))
+
+
+async def test_the_thinkers_audio_clip_limit_leaves_out_older_clips(fake_omni):
+    engine, omni = await started(preset="one-gpu-voice")  # limit_mm_per_prompt: 4 clips
+    clips = [UserAudio(np.full(8_000, 0.1, np.float32), item_id=f"user{turn}") for turn in range(6)]
+    deltas = await collect(engine.generate(request(*clips)))
+    assert isinstance(deltas[0], ContextTruncated) and deltas[0].first_item_id == "user2"
+    assert len(omni.calls[-1].prompt["multi_modal_data"]["audio"]) == 4
 
 
 async def test_a_reply_cut_by_max_output_tokens_finishes_with_length(fake_omni):

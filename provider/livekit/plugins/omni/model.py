@@ -12,7 +12,7 @@ from livekit.agents import llm, utils
 from livekit.agents.types import NOT_GIVEN, APIConnectOptions, NotGivenOr
 from livekit.agents.utils import is_given
 
-from .options import DEFAULT_CONN_OPTIONS, ModelOptions, resolve_api_key, resolve_url
+from .options import DEFAULT_CONN_OPTIONS, ModelOptions, Truncation, check_truncation, resolve_api_key, resolve_url
 from .session import RealtimeSession
 
 DEFAULT_VOICE = "Chelsie"
@@ -39,6 +39,13 @@ class RealtimeModel(llm.RealtimeModel):
             `SpeculativeReplyTrigger` on the AgentSession; see provider/speculation.py).
         input_transcription: ask the worker to transcribe each user turn; the transcripts
             reach the room and the chat context as the framework's user transcripts.
+        truncation: what the worker does when the conversation outgrows the model's context
+            (OpenAI Realtime GA's session `truncation`): `"auto"` (the worker's default: the
+            oldest items leave the model's context as needed), `"disabled"` (a reply that does
+            not fit fails with `context_length_exceeded`), or `{"type": "retention_ratio",
+            "retention_ratio": 0.8, "token_limits": {"post_instructions": 3000}}` (cut to that
+            share of the budget at once, so the worker's prefix cache serves the turns after).
+            Not given: not sent.
         http_session: an aiohttp session to reuse; by default the job's, or one of our own.
     """
 
@@ -55,6 +62,7 @@ class RealtimeModel(llm.RealtimeModel):
         update_timeout: float = 5.0,
         speculative_replies: bool = True,
         input_transcription: bool = True,
+        truncation: NotGivenOr[Truncation] = NOT_GIVEN,
         http_session: aiohttp.ClientSession | None = None,
     ) -> None:
         super().__init__(
@@ -84,6 +92,7 @@ class RealtimeModel(llm.RealtimeModel):
             update_timeout_s=update_timeout,
             speculative_replies=speculative_replies,
             input_transcription=input_transcription,
+            truncation=check_truncation(truncation) if is_given(truncation) else None,
         )
         self._http_session = http_session
         self._owns_http_session = False

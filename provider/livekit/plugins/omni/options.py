@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, Union
 from urllib.parse import urlparse, urlunparse
 
 from livekit.agents import llm
@@ -18,6 +19,11 @@ API_KEY_ENV = "OMNI_API_KEY"
 # default retry budget is about a minute: 0.5 s, doubling, at most 10 s apart, ten times.
 DEFAULT_CONN_OPTIONS = APIConnectOptions(max_retry=10, retry_interval=0.5, timeout=10.0)
 MAX_RETRY_INTERVAL_S = 10.0
+
+# What the worker does when the conversation outgrows the model's context (OpenAI Realtime GA's
+# session `truncation`): "auto", "disabled", or
+# {"type": "retention_ratio", "retention_ratio": 0.8, "token_limits": {"post_instructions": n}}.
+Truncation = Union[Literal["auto", "disabled"], Mapping[str, Any]]
 
 
 @dataclass
@@ -37,6 +43,8 @@ class ModelOptions:
     input_transcription: bool = True
     """Ask the worker to transcribe every committed user turn (user transcripts for the room)."""
     modalities: list[Literal["text", "audio"]] = field(default_factory=lambda: ["audio"])
+    truncation: Truncation | None = None
+    """Sent in the session when given; None: the worker's default ("auto")."""
 
 
 def resolve_url(url: str | None) -> str:
@@ -70,3 +78,19 @@ def resolve_api_key(api_key: str | None) -> str | None:
 def retry_delay(conn_options: APIConnectOptions, attempt: int) -> float:
     """Seconds to wait before reconnection attempt number `attempt` (0-based): doubling."""
     return min(conn_options.retry_interval * (2**attempt), MAX_RETRY_INTERVAL_S)
+
+
+def check_truncation(truncation: Truncation | None) -> Truncation | None:
+    """A `truncation` option as the worker takes it, or ValueError saying what is wrong."""
+    if truncation is None or truncation in ("auto", "disabled"):
+        return truncation
+    if not isinstance(truncation, Mapping) or truncation.get("type") != "retention_ratio":
+        raise ValueError(f'truncation must be "auto", "disabled" or {{"type": "retention_ratio", ...}}, '
+                         f"got {truncation!r}")
+    ratio = truncation.get("retention_ratio")
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"truncation's retention_ratio must be a number from 0 to 1, got {ratio!r}")
+    limit = (truncation.get("token_limits") or {}).get("post_instructions")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"truncation's token_limits.post_instructions must be a positive integer, got {limit!r}")
+    return dict(truncation)

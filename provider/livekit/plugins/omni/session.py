@@ -12,7 +12,10 @@ is confirmed, see provider/speculation.py).
 
 The mirror (`_remote`) holds the worker's conversation as LiveKit chat items, in order. Spoken
 user turns are kept there as the 16 kHz audio that was sent, because the worker echoes no audio
-back and a reconnection has to replay them.
+back and a reconnection has to replay them. Items the worker no longer holds (deleted by it to
+make room in a long call, or left out of a replay: replay.py) leave the mirror and are
+remembered in `_not_on_worker`, so that no chat-context diff ever sends them again; the agent's
+own chat context keeps them.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from .input_turns import InputTurns, TrimInput
 from .item_ops import ItemOp, ItemOps
 from .log import logger
 from .options import ModelOptions, retry_delay
+from .replay import WORKER_MAX_AUDIO_S, WORKER_MAX_ITEMS, replay_plan
 from .replies import Replies
 from .session_updates import SessionUpdates
 from .speculation import RewindInput, Speculation, SpeculativeReplies, adopted_future
@@ -82,6 +86,10 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         self._remote = RemoteChatContext()
         self._assistant_audio_samples: dict[str, int] = {}  # audio the worker holds, per mirror item
         self._input_transcripts: dict[str, str] = {}  # user item id → its transcript so far
+        self._not_on_worker: set[str] = set()  # chat item ids the worker no longer holds, for good
+        # the first item the worker's model read for its last response (response.done's
+        # context_start_item_id): older ones have left its context (truncation)
+        self._context_start: str | None = None
         self._input = audio.InputAudio()
 
         # the sender's queue: events, raw 16 kHz PCM16 to append (encoded when sent), rewinds
@@ -553,7 +561,8 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         private = self._speculation.private_items()  # the framework does not know them yet
         remote = llm.ChatContext([i for i in self._remote.to_chat_ctx().items if i.id not in private])
         remote_ids = {item.id for item in remote.items}
-        wanted = llm.ChatContext([i for i in chat_ctx.items if i.id in remote_ids or _has_content(i)])
+        wanted = llm.ChatContext([i for i in chat_ctx.items if i.id not in self._not_on_worker
+                                  and (i.id in remote_ids or _has_content(i))])
         diff = llm.utils.compute_chat_ctx_diff(remote, wanted)
         ops = [self._delete_op(item_id) for item_id in diff.to_remove]
         for previous, item_id in diff.to_create:
@@ -642,14 +651,22 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         session = wire.full_session(
             voice=self._voice, modalities=self._opts.modalities, max_output_tokens=self._opts.max_output_tokens,
             instructions=self._instructions, tools=self._wire_tools, tool_choice=self._tool_choice,
-            input_transcription=self._opts.input_transcription,
+            input_transcription=self._opts.input_transcription, truncation=self._opts.truncation,
         )
         await self._send_now(ws, wire.session_update(session))
         if not replay:
             return
         self._assistant_audio_samples.clear()  # the new worker holds earlier replies as text
         resend = self._item_ops.unanswered_on_lost_socket()
-        for item in self._remote.to_chat_ctx().items:
+        items, left_out = replay_plan(self._remote.to_chat_ctx().items, self._context_start)
+        if left_out:
+            logger.info("replaying the newest %d items of %d: the lost worker's model read from %s on, and a "
+                        "worker holds at most %d items and %g s of user audio", len(items),
+                        len(items) + len(left_out), self._context_start, WORKER_MAX_ITEMS, WORKER_MAX_AUDIO_S)
+        for item_id in left_out:
+            self._forget_on_worker(item_id)
+        self._context_start = None  # the new worker's model reads everything replayed
+        for item in items:
             wire_item = wire.chat_item_to_wire(item)
             if wire_item is None:
                 self._remote.delete(item.id)  # nothing the worker could hold (an unheard reply)
@@ -856,14 +873,27 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
 
     def _on_item_deleted(self, event: dict[str, Any]) -> None:
         item_id = event["item_id"]
+        op = self._item_ops.take("delete", item_id)
+        if op is None:
+            # the worker's own: the oldest items its model no longer reads make room at its
+            # item limit; the agent's chat context keeps them, diffs must not send them back
+            self._forget_on_worker(item_id)
+            return
+        self._drop_from_mirror(item_id)
+        if op.future is not None and not op.future.done():
+            op.future.set_result(None)
+
+    def _forget_on_worker(self, item_id: str) -> None:
+        """The worker does not hold this item any more, and never will again."""
+        self._not_on_worker.add(item_id)
+        self._drop_from_mirror(item_id)
+
+    def _drop_from_mirror(self, item_id: str) -> None:
         with contextlib.suppress(ValueError):
             self._remote.delete(item_id)
         self._assistant_audio_samples.pop(item_id, None)
         self._input_transcripts.pop(item_id, None)
         self._speculation.hidden_items.discard(item_id)
-        op = self._item_ops.take("delete", item_id)
-        if op is not None and op.future is not None and not op.future.done():
-            op.future.set_result(None)
 
     # ------------------------------------------------------------------ user transcripts
 
@@ -1004,6 +1034,8 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
 
     def _on_response_done(self, event: dict[str, Any]) -> None:
         response = event["response"]
+        if response.get("context_start_item_id"):
+            self._context_start = response["context_start_item_id"]
         generation = self._replies.by_response(response["id"])
         if generation is None:
             return

@@ -7,6 +7,7 @@ LiveKit's own types, never on the worker's code.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from livekit.agents import llm, utils
@@ -38,6 +39,7 @@ def full_session(
     tools: list[dict[str, Any]],
     tool_choice: llm.ToolChoice | None,
     input_transcription: bool,
+    truncation: str | Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything the session needs, as sent on (re)connection."""
     session: dict[str, Any] = {
@@ -57,6 +59,8 @@ def full_session(
     }
     if instructions is not None:
         session["instructions"] = instructions
+    if truncation is not None:
+        session["truncation"] = truncation
     return session
 
 

@@ -1,0 +1,103 @@
+"""Calls that outgrow the model's context: they keep answering (context truncation).
+
+A real worker on tiny-random, driven as an OpenAI client drives it (tests/support/spoken_turns.py:
+24 kHz input, no turn detection, no `max_output_tokens`, about 3 s of festival speech a turn and
+`response.create` after each). The numbers of tokens do not matter here, only that the conversation crosses the
+context (turn 9 used to fail for good with `context_length_exceeded`).
+"""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+
+from tests.conftest import WorkerProcess
+from tests.support.spoken_turns import openai_like_client, spoken_turn
+
+SMALL_CONTEXT = 1024  # a few turns fill it: the tests with a chosen truncation stay short
+# Memory a 40-turn call may add to the worker beyond its first 10 turns (measured on the 2-core VM,
+# 2026-12-01: 38-41 MB, all of it while the prompt still grows), and once the context is full
+# (measured: none). A per-turn leak of a prompt, its features or its reply's audio shows in these.
+RSS_GROWTH_LIMIT_MB = 64
+RSS_CEILING_GROWTH_LIMIT_MB = 12
+ANSWERED = ("completed", "incomplete")  # a reply, whole or at its length limit; not "failed"
+
+
+@pytest.fixture(scope="module")
+def default_worker(tmp_path_factory) -> WorkerProcess:
+    """`omni-worker serve` on tiny-random with nothing but its own defaults."""
+    worker = WorkerProcess(tmp_path_factory.mktemp("long-call"), api_key="long-call", engine_args=()).start()
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture(scope="module")
+def small_context_worker(tmp_path_factory) -> WorkerProcess:
+    worker = WorkerProcess(tmp_path_factory.mktemp("small-context"), api_key="small-context", engine_args=(),
+                           args=("--engine-option", f"context_tokens={SMALL_CONTEXT}")).start()
+    yield worker
+    worker.stop()
+
+
+async def test_forty_turns_on_the_defaults_all_answered_with_flat_memory(default_worker):
+    process = psutil.Process(default_worker.proc.pid)
+    async with await openai_like_client(default_worker) as c:
+        assert c.events[0]["session"]["truncation"] == "auto"
+        dones, rss_mb = [], {}
+        for turn in range(40):
+            dones.append(await spoken_turn(c, turn))
+            # tiny-random's thinker never ends its text by itself: its 48 tokens end "incomplete"
+            assert dones[-1]["status"] in ANSWERED, (turn, dones[-1]["status_details"])
+            rss_mb[turn + 1] = process.memory_info().rss / 2**20
+        errors = [e for e in c.events if e["type"] == "error"]
+    assert errors == []
+    # what the worker's defaults make of tiny-random: 2-5 s of sound a reply, as ./scripts/dev does
+    assert all(1.9 <= done["audio_s"] <= 5.1 for done in dones), [d["audio_s"] for d in dones]
+    # the conversation outgrew the 4096-token context, and the oldest turns left it
+    starts = [done["context_start_item_id"] for done in dones]
+    assert starts[0] == starts[20] != starts[-1]
+    inputs = [done["usage"]["input_tokens"] for done in dones]
+    assert max(inputs) <= 4096 - 48  # the context, with room for tiny-random's 48-token reply
+    assert inputs[-1] > 4096 - 48 - 400  # "auto" leaves out only what does not fit
+    # Memory grows with the prompt (the engine's buffers), then stays flat once the context is
+    # full: from two turns after the first cut on, the prompt's size no longer changes.
+    first_cut = next(turn for turn, start in enumerate(starts, 1) if start != starts[0])
+    at_ceiling = first_cut + 2
+    assert 40 - at_ceiling >= 5, first_cut
+    print(f"\nworker RSS by turn (MB): {' '.join(f'{rss_mb[t]:.0f}' for t in sorted(rss_mb))}; input tokens at "
+          f"turn 1 {inputs[0]}, 20 {inputs[19]}, 40 {inputs[-1]}; the first items left the context at turn "
+          f"{first_cut}")
+    assert rss_mb[40] - rss_mb[10] < RSS_GROWTH_LIMIT_MB
+    assert rss_mb[40] - rss_mb[at_ceiling] < RSS_CEILING_GROWTH_LIMIT_MB
+
+
+async def test_a_retention_ratio_cuts_once_then_the_prefix_cache_serves_the_next_turns(small_context_worker):
+    ratio = {"type": "retention_ratio", "retention_ratio": 0.5}
+    async with await openai_like_client(small_context_worker, truncation=ratio) as c:
+        dones = [await spoken_turn(c, turn) for turn in range(16)]
+    assert all(done["status"] in ANSWERED for done in dones)
+    starts = [done["context_start_item_id"] for done in dones]
+    cuts = [turn for turn in range(1, len(starts)) if starts[turn] != starts[turn - 1]]
+    assert len(cuts) >= 2, starts
+    assert all(later - earlier >= 2 for earlier, later in zip(cuts, cuts[1:]))  # it stays put between
+    for turn in range(1, len(dones)):
+        cached = dones[turn]["usage"]["input_token_details"]["cached_tokens"]
+        if turn not in cuts:  # the start stayed: all of the last prompt came from the cache
+            assert cached >= dones[turn - 1]["usage"]["input_tokens"] - 2, turn
+
+
+async def test_disabled_truncation_fails_clearly_and_the_session_goes_on(small_context_worker):
+    async with await openai_like_client(small_context_worker, truncation="disabled") as c:
+        for turn in range(20):
+            done = await spoken_turn(c, turn)
+            if done["status"] not in ANSWERED:
+                break
+        assert done["status"] == "failed", "the conversation never outgrew the context"
+        error = done["status_details"]["error"]
+        assert error["code"] == "context_length_exceeded"
+        assert f"holds {SMALL_CONTEXT - 48}" in error["message"] and "turn truncation on" in error["message"]
+        assert [e["error"]["code"] for e in c.events if e["type"] == "error"] == ["context_length_exceeded"]
+        # every later reply fails the same way until the client acts: here it turns truncation on
+        assert (await spoken_turn(c, turn + 1))["status"] == "failed"
+        await c.update_session(truncation="auto")
+        assert (await spoken_turn(c, turn + 2))["status"] in ANSWERED
