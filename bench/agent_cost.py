@@ -93,8 +93,9 @@ class CallStats:
 class Conversation:
     """One caller in its own room, talking until told to stop."""
 
-    def __init__(self, livekit_url: str, seed: int) -> None:
+    def __init__(self, livekit_url: str, seed: int, *, silent: bool = False) -> None:
         self.livekit_url = livekit_url
+        self.silent = silent  # after the greeting, only the microphone's silence
         self.rng = random.Random(seed)
         self.stats = CallStats()
         self.under_way = asyncio.Event()  # greeted: the call is active
@@ -107,6 +108,8 @@ class Conversation:
             audio = await caller.wait_for_agent(timeout=REPLY_TIMEOUT_S)
             await caller.wait_until_agent_listening(after=0.0, timeout=REPLY_TIMEOUT_S)  # the greeting
             self.under_way.set()
+            if self.silent:
+                await stop.wait()
             sentence = self.rng.randrange(len(QUESTIONS))
             while not stop.is_set():
                 said = await caller.mic.say(load_wav(QUESTIONS[sentence % len(QUESTIONS)]))
@@ -244,7 +247,7 @@ class Run:
 
 async def measure(stack: Stack, livekit_url: str, omni_port: int, calls: int, args: argparse.Namespace) -> Run:
     stop = asyncio.Event()
-    conversations = [Conversation(livekit_url, seed=1000 * calls + i) for i in range(calls)]
+    conversations = [Conversation(livekit_url, seed=1000 * calls + i, silent=args.silent) for i in range(calls)]
     tasks = []
     for conversation in conversations:
         tasks.append(asyncio.create_task(conversation.run(stop)))
@@ -301,7 +304,7 @@ def start_profilers(jobs: list[int], args: argparse.Namespace) -> list[subproces
     out.mkdir(parents=True, exist_ok=True)
     py_spy = Path(sys.executable).parent / "py-spy"
     return [subprocess.Popen([str(py_spy), "record", "--pid", str(pid), "--duration", str(int(args.window)),
-                              "--rate", "100", "--threads", "--format", "raw",
+                              "--rate", "250", "--threads", "--format", "raw",
                               "--output", str(out / f"job-{pid}.txt")],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for pid in jobs]
@@ -418,6 +421,8 @@ def main() -> None:
     p.add_argument("--reply-seconds", type=float, default=4.0, help="the null worker's replies")
     p.add_argument("--agent-env", action="append", default=[], metavar="NAME=VALUE",
                    help="a setting for the agent, e.g. AGENT_SPECULATIVE_REPLIES=false")
+    p.add_argument("--silent", action="store_true",
+                   help="callers say nothing after the greeting: what a call costs while nobody speaks")
     p.add_argument("--py-spy", metavar="DIR", help="record a py-spy profile of each job process over the window")
     args = p.parse_args()
 
@@ -439,8 +444,9 @@ def main() -> None:
     print(f"agent: agent/agent.py start; worker: {args.worker}"
           + (f" ({args.reply_seconds:.0f} s replies at RTF 0.5)" if args.worker == "null" else "")
           + f"; agent settings: {' '.join(args.agent_env) or 'defaults'}")
-    print(f"each call: festival sentences, the reply, a pause of {PAUSE_S[0]:.0f}-{PAUSE_S[1]:.0f} s; "
-          f"{args.warmup:.0f} s warm-up, then {args.window:.0f} s measured (CPU time deltas)\n")
+    talk = ("the greeting, then silence" if args.silent else
+            f"festival sentences, the reply, a pause of {PAUSE_S[0]:.0f}-{PAUSE_S[1]:.0f} s")
+    print(f"each call: {talk}; {args.warmup:.0f} s warm-up, then {args.window:.0f} s measured (CPU time deltas)\n")
     if failed:
         print(f"not measured: {failed}\n")
     if runs:
