@@ -26,6 +26,12 @@ from pathlib import Path
 # before it starts; job processes inherit it. The agent no longer loads it (its VAD is native),
 # but a plugin or tool someone adds might. Nothing in the agent may call out.
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+# livekit-agents watches every process's event loop for blocking code: a heartbeat and a
+# watchdog thread, each waking every fifth of the warning threshold (at least every 20 ms). At
+# its default of 100 ms that is 100 wake-ups a second in every job and idle process, about
+# 1.3 % of a core each (bench/agent_cost.py); at 250 ms, 40 (0.5 %), and stalls of a quarter of
+# a second and more, which a caller hears, are still reported. Set it to 100 to see shorter ones.
+os.environ.setdefault("LIVEKIT_AGENTS_LOOP_BLOCK_WARN_MS", "250")
 # Calls run in job processes: their metrics go to prometheus_client's multiprocess files, which
 # the metrics server adds up. Set before anything imports prometheus_client; inherited by jobs.
 if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
