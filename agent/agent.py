@@ -46,6 +46,7 @@ if __package__ in (None, ""):
     sys.path[:0] = [str(_here.parent), str(_here.parent / "provider")]
 
 from livekit.agents import Agent, AgentSession, JobContext, JobProcess, WorkerOptions, cli, inference, llm, room_io
+from livekit.agents.worker import ServerEnvOption
 from livekit.local_inference import init_eot, init_vad
 from livekit.plugins import omni
 
@@ -132,14 +133,17 @@ def build_session(config: AgentSettings, vad: SpeechLengthVAD) -> AgentSession:
     )
 
 
-# The caller's audio as the VAD, the turn detector and the worker all take it: 16 kHz, so
-# nothing resamples it again in Python, in 40 ms frames. Every frame's trip through the session
-# (the room's stream, its gain control, the VAD, the turn detector, the plugin) costs the same
-# whatever its length: 25 a second here, 50 with 20 ms frames. What it costs in latency: a VAD
-# window (32 ms) is decided when the frame holding its last sample arrives, on average 16 ms
-# after that sample (8 ms with 20 ms frames; 24 ms with the framework's default of 50 ms).
-# LiveKit's gain control takes multiples of 10 ms, so frames cannot be the windows themselves.
-ROOM_OPTIONS = room_io.RoomOptions(audio_input=room_io.AudioInputOptions(sample_rate=16000, frame_size_ms=40))
+def room_options(config: AgentSettings) -> room_io.RoomOptions:
+    """The caller's audio as the VAD, the turn detector and the worker all take it: 16 kHz, so
+    nothing resamples it again in Python, in 40 ms frames. Every frame's trip through the
+    session (the room's stream, its gain control, the VAD, the turn detector, the plugin) costs
+    the same whatever its length: 25 a second here, 50 with 20 ms frames. What it costs in
+    latency: a VAD window (32 ms) is decided when the frame holding its last sample arrives, on
+    average 16 ms after that sample (8 ms with 20 ms frames; 24 ms with the framework's default
+    of 50 ms). LiveKit's gain control takes multiples of 10 ms, so frames cannot be the VAD's
+    windows themselves."""
+    return room_io.RoomOptions(audio_input=room_io.AudioInputOptions(
+        sample_rate=16000, frame_size_ms=40, auto_gain_control=config.auto_gain_control))
 
 
 async def entrypoint(ctx: JobContext) -> None:
@@ -161,7 +165,7 @@ async def entrypoint(ctx: JobContext) -> None:
     agent = VoiceAgent(config, on_user_turn=events.user_turn)
     log.info("call in room %s: omni worker %s, voice %s", ctx.room.name, config.omni_url, config.voice)
     # record=False: no audio, transcript or trace upload anywhere.
-    await session.start(agent=agent, room=ctx.room, record=False, room_options=ROOM_OPTIONS)
+    await session.start(agent=agent, room=ctx.room, record=False, room_options=room_options(config))
 
 
 async def _session_ended() -> None:
@@ -185,6 +189,10 @@ def worker_options(config: AgentSettings, mode: str) -> WorkerOptions:
         # Set in dev mode too (livekit-agents ignores load there by default): the GPU is shared.
         load_threshold=config.load_threshold,
         drain_timeout=config.drain_timeout_s,
+        # livekit-agents' default is one per CPU, up to 4: each waits with ~310 MB RSS (most of it
+        # shared with the others) and 0.6 % of a core; two cover calls that arrive together,
+        # and the pool refills in about half a second
+        num_idle_processes=ServerEnvOption(dev_default=0, prod_default=config.idle_processes),
         agent_name=config.agent_name,
         ws_url=config.livekit_url,
         api_key=config.livekit_api_key,
