@@ -32,6 +32,10 @@ os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 # 1.3 % of a core each (bench/agent_cost.py); at 250 ms, 40 (0.5 %), and stalls of a quarter of
 # a second and more, which a caller hears, are still reported. Set it to 100 to see shorter ones.
 os.environ.setdefault("LIVEKIT_AGENTS_LOOP_BLOCK_WARN_MS", "250")
+# The end-of-turn model runs in livekit-agents' inference process (agent/turn_detector.py): the
+# forkserver must not load its weights too, or every job process would carry them again. (This
+# also leaves the VAD to each job's prewarm: a few MB.)
+os.environ.setdefault("LIVEKIT_AGENTS_PRELOAD_LOCAL_INFERENCE", "0")
 # Calls run in job processes: their metrics go to prometheus_client's multiprocess files, which
 # the metrics server adds up. Set before anything imports prometheus_client; inherited by jobs.
 if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
@@ -46,8 +50,9 @@ if __package__ in (None, ""):
     sys.path[:0] = [str(_here.parent), str(_here.parent / "provider")]
 
 from livekit.agents import Agent, AgentSession, JobContext, JobProcess, WorkerOptions, cli, inference, llm, room_io
+from livekit.agents.ipc.inference_executor import InferenceExecutor
 from livekit.agents.worker import ServerEnvOption
-from livekit.local_inference import init_eot, init_vad
+from livekit.local_inference import init_vad
 from livekit.plugins import omni
 
 from agent.barge_in import BargeInGate, SpeechLengthVAD
@@ -56,6 +61,7 @@ from agent.console import check_audio_devices
 from agent.metrics import AgentMetrics
 from agent.room_events import RoomEvents
 from agent.tools import ALL_TOOLS
+from agent.turn_detector import SharedTurnDetector, register as register_turn_detector
 from agent.worker_load import OmniWorkerLoad
 
 log = logging.getLogger("omni-agent")
@@ -88,12 +94,9 @@ class VoiceAgent(Agent):
 
 
 def prewarm(proc: JobProcess) -> None:
-    """Load the local models once per job process, before a call arrives: the VAD and the v1-mini
-    turn detector's weights (~100 MB), both in livekit-local-inference. Under Linux's forkserver
-    livekit-agents has loaded them already, once for every job process (shared copy-on-write),
-    and these do nothing."""
+    """Load the VAD's weights (native silero, livekit-local-inference) once per job process,
+    before a call arrives. The turn detector's are in the inference process (turn_detector.py)."""
     init_vad()
-    init_eot()
 
 
 def build_vad(config: AgentSettings) -> SpeechLengthVAD:
@@ -104,7 +107,7 @@ def build_vad(config: AgentSettings) -> SpeechLengthVAD:
     return SpeechLengthVAD(inference.VAD(min_silence_duration=config.vad_min_silence_s))
 
 
-def build_session(config: AgentSettings, vad: SpeechLengthVAD) -> AgentSession:
+def build_session(config: AgentSettings, vad: SpeechLengthVAD, inference_executor: InferenceExecutor) -> AgentSession:
     model = omni.RealtimeModel(
         url=config.omni_url,
         api_key=config.omni_api_key.get_secret_value() if config.omni_api_key else None,
@@ -116,8 +119,9 @@ def build_session(config: AgentSettings, vad: SpeechLengthVAD) -> AgentSession:
         vad=vad,
         llm=model,
         turn_handling={
-            # Named explicitly: in dev mode livekit-agents would pick the cloud `v1` model.
-            "turn_detection": inference.TurnDetector(version="v1-mini"),
+            # v1-mini, the local model (in dev mode livekit-agents would pick the cloud `v1`), run
+            # in the worker's inference process for every call
+            "turn_detection": SharedTurnDetector(inference_executor),
             "endpointing": {
                 "min_delay": config.min_endpointing_delay_s,
                 "max_delay": config.max_endpointing_delay_s,
@@ -149,7 +153,7 @@ def room_options(config: AgentSettings) -> room_io.RoomOptions:
 async def entrypoint(ctx: JobContext) -> None:
     config = settings()
     vad = build_vad(config)
-    session = build_session(config, vad)
+    session = build_session(config, vad, ctx.inference_executor)
     events = RoomEvents(session, ctx.room, metrics(), vad)
     events.attach()
     metrics().session_started()
@@ -209,6 +213,7 @@ def main() -> None:
     except ValueError as e:  # pydantic's ValidationError: say which setting, then stop
         sys.exit(f"agent: bad configuration:\n{e}")
     mode = sys.argv[1] if len(sys.argv) > 1 else ""
+    register_turn_detector()
     if mode == "console" and "--text" not in sys.argv[2:]:
         check_audio_devices(sys.argv[2:])  # exits with a clear message when there are none
     cli.run_app(worker_options(config, mode))
