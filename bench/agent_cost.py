@@ -63,8 +63,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import null_worker  # noqa: E402
 from bench.voice_to_voice import QUESTIONS, machine  # noqa: E402
-from scripts.stack import REPO, TINY_RANDOM_REPLY, Service, Stack, livekit_server, omni_worker, voice_agent  # noqa: E402
+from scripts.stack import TINY_RANDOM_REPLY, Service, Stack, livekit_server, omni_worker, voice_agent  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from tests.e2e.caller import Caller, load_wav  # noqa: E402
 
@@ -387,10 +388,7 @@ def _fit(xs: list[int], ys: list[float]) -> tuple[float, float]:
 def worker_service(port: int, args: argparse.Namespace) -> Service:
     if args.worker == "tiny-random":
         return omni_worker(port, extra_args=(*TINY_RANDOM_REPLY, "--max-sessions", "64"))
-    return Service(name="worker",
-                   argv=[sys.executable, str(REPO / "bench" / "null_worker.py"), "--port", str(port),
-                         "--reply-seconds", str(args.reply_seconds)],
-                   ready_url=f"http://127.0.0.1:{port}/health", tcp_ports=(port,))
+    return null_worker.service(port, reply_seconds=args.reply_seconds)
 
 
 async def run_all(stack: Stack, livekit_url: str, omni_port: int, args: argparse.Namespace) -> tuple[list[Run], str]:

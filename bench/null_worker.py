@@ -22,6 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from inference import engine as eng  # noqa: E402
+from scripts.stack import Service  # noqa: E402
 
 
 class NullEngine(eng.OmniEngine):
@@ -52,6 +53,13 @@ class NullEngine(eng.OmniEngine):
             yield eng.AudioDelta(self._chunk)
             await asyncio.sleep(self._pause_s)
         yield eng.Finished(output_text_tokens=self._chunks, output_audio_tokens=10 * self._chunks)
+
+
+def service(port: int, *, reply_seconds: float = 4.0) -> Service:
+    """This worker as a part of a `scripts.stack.Stack`."""
+    return Service(name="worker", argv=[sys.executable, str(Path(__file__).resolve()), "--port", str(port),
+                                        "--reply-seconds", str(reply_seconds)],
+                   ready_url=f"http://127.0.0.1:{port}/health", tcp_ports=(port,))
 
 
 def main() -> int:
