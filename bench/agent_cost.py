@@ -328,7 +328,16 @@ def pct(cores: float) -> str:
     return f"{100 * cores:.1f}"
 
 
+def saturated(run: Run, first: Run) -> bool:
+    """The machine could not keep up: sentences went unanswered, or the calls got through less
+    than half the turns a call of the first run did. Its processes were waiting for a core, so
+    they did less work per second, and its numbers would flatter the agent."""
+    turns_per_call = lambda r: sum(s.turns for s in r.stats) / r.calls  # noqa: E731
+    return any(s.unanswered for s in run.stats) or turns_per_call(run) < 0.5 * turns_per_call(first)
+
+
 def report(runs: list[Run], args: argparse.Namespace) -> str:
+    saturated_runs = [r for r in runs if saturated(r, runs[0])]
     lines = [
         "per active call, % of one core (CPU time over the window / window / calls):",
         f"{'calls':>5} {'turns':>5} {'v2v p50':>8} | {'job':>5} {'inference':>9} {'worker':>6} {'agent':>6} | "
@@ -342,7 +351,7 @@ def report(runs: list[Run], args: argparse.Namespace) -> str:
             f"{pct(r.per_call('job')):>5} {pct(r.per_call('inference')):>9} {pct(r.per_call('worker')):>6} "
             f"{pct(r.agent_per_call()):>6} | {pct(r.per_call('idle')):>5} {pct(r.per_call('omni worker')):>5} "
             f"{pct(r.per_call('livekit')):>7} {pct(r.per_call('callers')):>7} | "
-            f"{pct(min(r.job_cpu))}-{pct(max(r.job_cpu)):>5}")
+            f"{pct(min(r.job_cpu))}-{pct(max(r.job_cpu)):>5}" + ("   saturated" if r in saturated_runs else ""))
     lines += ["", "the job processes' threads, % of a core per call (by kernel thread name):"]
     for r in runs:
         top = sorted(r.job_threads.items(), key=lambda kv: -kv[1])
@@ -358,6 +367,10 @@ def report(runs: list[Run], args: argparse.Namespace) -> str:
                      f"{med([m.rss for m in r.idle_memory]):>5.0f} | {r.agent_pss_mb:>24.0f}")
     unanswered = sum(s.unanswered for r in runs for s in r.stats)
     lines.append(f"sentences the agent did not answer within {REPLY_TIMEOUT_S:.0f} s: {unanswered}")
+    if saturated_runs:
+        lines.append(f"saturated (the machine could not keep up; not used below): "
+                     f"{', '.join(str(r.calls) for r in saturated_runs)} calls")
+    runs = [r for r in runs if r not in saturated_runs] or runs[:1]
     if len(runs) > 1:
         lines += ["", "what grows with N (least squares over the runs: total = fixed + per call × N):"]
         xs = [r.calls for r in runs]
