@@ -35,6 +35,7 @@ closer to the sum of PSS than to the sum of RSS.
     python bench/agent_cost.py --calls 1,2,4,8 --window 40
     python bench/agent_cost.py --calls 2 --agent-env AGENT_SPECULATIVE_REPLIES=false
     python bench/agent_cost.py --calls 1 --py-spy /tmp/prof   # a py-spy profile of each job
+    python bench/agent_cost.py --calls 2,4 --agent-checkout /tmp/old   # another commit's agent
 
 The last line: `agent CPU per call: X % of a core, job RSS: Y MB` (at the largest N: job,
 inference and worker processes together, per call; the median RSS of a job process).
@@ -65,7 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import null_worker  # noqa: E402
 from bench.voice_to_voice import QUESTIONS, machine  # noqa: E402
-from scripts.stack import TINY_RANDOM_REPLY, Service, Stack, livekit_server, omni_worker, voice_agent  # noqa: E402
+from scripts.stack import REPO, TINY_RANDOM_REPLY, Service, Stack, livekit_server, omni_worker, voice_agent  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from tests.e2e.caller import Caller, load_wav  # noqa: E402
 
@@ -430,6 +431,9 @@ def main() -> None:
     p.add_argument("--stagger", type=float, default=1.5, help="seconds between two callers joining")
     p.add_argument("--worker", choices=("null", "tiny-random"), default="null")
     p.add_argument("--reply-seconds", type=float, default=4.0, help="the null worker's replies")
+    p.add_argument("--agent-checkout", type=Path, default=REPO,
+                   help="the agent (and plugin) of this copy of the repository instead of this one's, e.g. "
+                        "an older commit's (git archive REV | tar -x -C DIR)")
     p.add_argument("--agent-env", action="append", default=[], metavar="NAME=VALUE",
                    help="a setting for the agent, e.g. AGENT_SPECULATIVE_REPLIES=false")
     p.add_argument("--silent", action="store_true",
@@ -447,12 +451,13 @@ def main() -> None:
         stack.start(livekit_server(lk_port, lk_tcp, lk_udp))
         stack.start(worker_service(omni_port, args))
         stack.start(voice_agent(livekit_url=livekit_url, omni_url=f"ws://127.0.0.1:{omni_port}/v1/realtime",
-                                mode="start", env=agent_env))
+                                mode="start", env=agent_env, checkout=args.agent_checkout))
         runs, failed = asyncio.run(run_all(stack, livekit_url, omni_port, args))
     print(f"[stack] logs in {log_dir}")
     print(f"\nagent cost through LiveKit, {time.strftime('%Y-%m-%d %H:%M %Z')}")
     print(f"machine: {machine()}")
-    print(f"agent: agent/agent.py start; worker: {args.worker}"
+    agent = "agent/agent.py" if args.agent_checkout == REPO else f"{args.agent_checkout}/agent/agent.py"
+    print(f"agent: {agent} start; worker: {args.worker}"
           + (f" ({args.reply_seconds:.0f} s replies at RTF 0.5)" if args.worker == "null" else "")
           + f"; agent settings: {' '.join(args.agent_env) or 'defaults'}")
     talk = ("the greeting, then silence" if args.silent else
