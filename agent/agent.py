@@ -5,8 +5,9 @@
     python agent/agent.py console    # talk to it from this machine's microphone and speaker
     python agent/agent.py console --text   # type to it (no audio device needed)
 
-Turn taking runs here, fully offline: silero VAD, LiveKit's local audio turn detector
-(`v1-mini`), VAD interruptions with false-interruption pause and resume. The omni worker only
+Turn taking runs here, fully offline: silero VAD and LiveKit's audio turn detector (`v1-mini`),
+both native in livekit-local-inference, and VAD interruptions with false-interruption pause and
+resume. The omni worker only
 generates replies (livekit.plugins.omni.RealtimeModel, over WebSocket /v1/realtime). Nothing here calls
 LiveKit Cloud. Settings come from the environment: see agent/config.py and docs/agent.md.
 """
@@ -18,12 +19,24 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from functools import cache
 from pathlib import Path
 
-# onnxruntime (silero VAD) sends usage telemetry to Microsoft from Linux too since 1.29, unless
-# this is set before it starts; job processes inherit it. Nothing in the agent may call out.
+# onnxruntime sends usage telemetry to Microsoft from Linux too since 1.29, unless this is set
+# before it starts; job processes inherit it. The agent no longer loads it (its VAD is native),
+# but a plugin or tool someone adds might. Nothing in the agent may call out.
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+# livekit-agents watches every process's event loop for blocking code: a heartbeat and a
+# watchdog thread, each waking every fifth of the warning threshold (at least every 20 ms). At
+# its default of 100 ms that is 100 wake-ups a second in every job and idle process, about
+# 1.3 % of a core each (bench/agent_cost.py); at 250 ms, 40 (0.5 %), and stalls of a quarter of
+# a second and more, which a caller hears, are still reported. Set it to 100 to see shorter ones.
+os.environ.setdefault("LIVEKIT_AGENTS_LOOP_BLOCK_WARN_MS", "250")
+# The end-of-turn model runs in livekit-agents' inference process (agent/turn_detector.py): the
+# forkserver must not load its weights too, or every job process would carry them again. (This
+# also leaves the VAD to each job's prewarm: a few MB.)
+os.environ.setdefault("LIVEKIT_AGENTS_PRELOAD_LOCAL_INFERENCE", "0")
 # Calls run in job processes: their metrics go to prometheus_client's multiprocess files, which
 # the metrics server adds up. Set before anything imports prometheus_client; inherited by jobs.
 if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
@@ -37,10 +50,11 @@ if __package__ in (None, ""):
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
     sys.path[:0] = [str(_here.parent), str(_here.parent / "provider")]
 
-from livekit.agents import Agent, AgentSession, JobContext, JobProcess, WorkerOptions, cli, llm, room_io
-from livekit.agents.inference import TurnDetector
-from livekit.local_inference import init_eot
-from livekit.plugins import omni, silero
+from livekit.agents import Agent, AgentSession, JobContext, JobProcess, WorkerOptions, cli, inference, llm, room_io
+from livekit.agents.ipc.inference_executor import InferenceExecutor
+from livekit.agents.worker import ServerEnvOption
+from livekit.local_inference import init_vad
+from livekit.plugins import omni
 
 from agent.barge_in import BargeInGate, SpeechLengthVAD
 from agent.config import AgentSettings
@@ -48,6 +62,7 @@ from agent.console import check_audio_devices
 from agent.metrics import AgentMetrics
 from agent.room_events import RoomEvents
 from agent.tools import ALL_TOOLS
+from agent.turn_detector import SharedTurnDetector, register as register_turn_detector
 from agent.worker_load import OmniWorkerLoad
 
 log = logging.getLogger("omni-agent")
@@ -80,12 +95,34 @@ class VoiceAgent(Agent):
 
 
 def prewarm(proc: JobProcess) -> None:
-    """Load models once per job process, before a call arrives."""
-    proc.userdata["vad"] = silero.VAD.load(min_silence_duration=settings().vad_min_silence_s)
-    init_eot()  # the v1-mini turn detector's weights (~100 MB), shipped in livekit-local-inference
+    """Load the VAD's weights (native silero, livekit-local-inference) once per job process,
+    before a call arrives. The turn detector's are in the inference process (turn_detector.py)."""
+    init_vad()
 
 
-def build_session(config: AgentSettings, vad: SpeechLengthVAD) -> AgentSession:
+def build_vad(config: AgentSettings) -> SpeechLengthVAD:
+    """Silero VAD, natively: livekit-local-inference's build gives the same speech probability as
+    livekit-plugins-silero's ONNX model, window for window, at a sixth of the CPU, without
+    onnxruntime in the process. Unlike that plugin it does not smooth the probability, so an
+    end of speech is reported one 32 ms window sooner. Each 32 ms window's prediction (about
+    50 µs, the GIL released) runs right on the event loop: handing it to a thread and back, the
+    framework's default, costs more than the prediction."""
+    return SpeechLengthVAD(inference.VAD(min_silence_duration=config.vad_min_silence_s, executor=_AtOnce()))
+
+
+class _AtOnce(Executor):
+    """Runs what it is given there and then, on the caller's thread."""
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def, override]
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - the future carries it, as a pool's would
+            future.set_exception(e)
+        return future
+
+
+def build_session(config: AgentSettings, vad: SpeechLengthVAD, inference_executor: InferenceExecutor) -> AgentSession:
     model = omni.RealtimeModel(
         url=config.omni_url,
         api_key=config.omni_api_key.get_secret_value() if config.omni_api_key else None,
@@ -100,8 +137,9 @@ def build_session(config: AgentSettings, vad: SpeechLengthVAD) -> AgentSession:
         vad=vad,
         llm=model,
         turn_handling={
-            # Named explicitly: in dev mode livekit-agents would pick the cloud `v1` model.
-            "turn_detection": TurnDetector(version="v1-mini"),
+            # v1-mini, the local model (in dev mode livekit-agents would pick the cloud `v1`), run
+            # in the worker's inference process for every call
+            "turn_detection": SharedTurnDetector(inference_executor),
             "endpointing": {
                 "min_delay": config.min_endpointing_delay_s,
                 "max_delay": config.max_endpointing_delay_s,
@@ -117,16 +155,23 @@ def build_session(config: AgentSettings, vad: SpeechLengthVAD) -> AgentSession:
     )
 
 
-# The caller's audio as the VAD, the turn detector and the worker all take it: 16 kHz, so
-# nothing resamples it again in Python, and 20 ms frames (the framework's default is 50), so the
-# VAD hears the end of speech up to 30 ms sooner.
-ROOM_OPTIONS = room_io.RoomOptions(audio_input=room_io.AudioInputOptions(sample_rate=16000, frame_size_ms=20))
+def room_options(config: AgentSettings) -> room_io.RoomOptions:
+    """The caller's audio as the VAD, the turn detector and the worker all take it: 16 kHz, so
+    nothing resamples it again in Python, in 40 ms frames. Every frame's trip through the
+    session (the room's stream, its gain control, the VAD, the turn detector, the plugin) costs
+    the same whatever its length: 25 a second here, 50 with 20 ms frames. What it costs in
+    latency: a VAD window (32 ms) is decided when the frame holding its last sample arrives, on
+    average 16 ms after that sample (8 ms with 20 ms frames; 24 ms with the framework's default
+    of 50 ms). LiveKit's gain control takes multiples of 10 ms, so frames cannot be the VAD's
+    windows themselves."""
+    return room_io.RoomOptions(audio_input=room_io.AudioInputOptions(
+        sample_rate=16000, frame_size_ms=40, auto_gain_control=config.auto_gain_control))
 
 
 async def entrypoint(ctx: JobContext) -> None:
     config = settings()
-    vad = SpeechLengthVAD(ctx.proc.userdata["vad"])
-    session = build_session(config, vad)
+    vad = build_vad(config)
+    session = build_session(config, vad, ctx.inference_executor)
     events = RoomEvents(session, ctx.room, metrics(), vad)
     events.attach()
     metrics().session_started()
@@ -141,8 +186,12 @@ async def entrypoint(ctx: JobContext) -> None:
 
     agent = VoiceAgent(config, on_user_turn=events.user_turn)
     log.info("call in room %s: omni worker %s, voice %s", ctx.room.name, config.omni_url, config.voice)
-    # record=False: no audio, transcript or trace upload anywhere.
-    await session.start(agent=agent, room=ctx.room, record=False, room_options=ROOM_OPTIONS)
+    # record=False: no audio, transcript or trace upload anywhere. session_host=False: no
+    # livekit-agents RemoteSession over the room (topic lk.agent.session), through which any
+    # participant could read the agent's instructions and the chat history and make it answer
+    # text; nothing of ours uses it, and it sent every state change and item to the room again.
+    await session.start(agent=agent, room=ctx.room, record=False, session_host=False,
+                        room_options=room_options(config))
 
 
 async def _session_ended() -> None:
@@ -166,6 +215,10 @@ def worker_options(config: AgentSettings, mode: str) -> WorkerOptions:
         # Set in dev mode too (livekit-agents ignores load there by default): the GPU is shared.
         load_threshold=config.load_threshold,
         drain_timeout=config.drain_timeout_s,
+        # livekit-agents' default is one per CPU, up to 4: each waits with ~310 MB RSS (most of it
+        # shared with the others) and 0.6 % of a core; two cover calls that arrive together,
+        # and the pool refills in about half a second
+        num_idle_processes=ServerEnvOption(dev_default=0, prod_default=config.idle_processes),
         agent_name=config.agent_name,
         ws_url=config.livekit_url,
         api_key=config.livekit_api_key,
@@ -182,6 +235,7 @@ def main() -> None:
     except ValueError as e:  # pydantic's ValidationError: say which setting, then stop
         sys.exit(f"agent: bad configuration:\n{e}")
     mode = sys.argv[1] if len(sys.argv) > 1 else ""
+    register_turn_detector()
     if mode == "console" and "--text" not in sys.argv[2:]:
         check_audio_devices(sys.argv[2:])  # exits with a clear message when there are none
     cli.run_app(worker_options(config, mode))

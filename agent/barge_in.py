@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from livekit import rtc
 from livekit.agents import AgentSession, UserStateChangedEvent, vad
 
 log = logging.getLogger("omni-agent.barge-in")
@@ -39,6 +40,8 @@ class SpeechLengthVAD(vad.VAD):
         self._inner = inner
         self.last_speech_s: float | None = None
         self.last_speech_ended_at: float | None = None  # wall clock of the last end of speech
+        # the inner VAD's streams report their metrics on it: pass them on to whoever listens here
+        inner.on("metrics_collected", lambda metrics: self.emit("metrics_collected", metrics))
 
     @property
     def model(self) -> str:
@@ -48,37 +51,46 @@ class SpeechLengthVAD(vad.VAD):
     def provider(self) -> str:
         return self._inner.provider
 
+    @property
+    def min_silence_duration(self) -> float | None:
+        """What AgentSession checks against the turn detector's needs."""
+        return getattr(self._inner, "min_silence_duration", None)
+
     def stream(self) -> vad.VADStream:
-        return _SpeechLengthStream(self, self._inner.stream())
+        return _SpeechLengthStream(self, self._inner.stream())  # type: ignore[return-value]
 
 
-class _SpeechLengthStream(vad.VADStream):
+class _SpeechLengthStream:
+    """The inner VAD's own stream, looked through: frames go straight to it, and each end of
+    speech is noted as its event passes. Not a VADStream of its own: that would add a channel,
+    a task and a hop per audio frame and per VAD window (31 a second) for one field."""
+
     def __init__(self, owner: SpeechLengthVAD, inner: vad.VADStream) -> None:
         self._owner = owner
         self._inner = inner
-        super().__init__(owner)
 
-    async def _main_task(self) -> None:
-        forward = asyncio.create_task(self._forward_input())
-        try:
-            async for event in self._inner:
-                if event.type == vad.VADEventType.END_OF_SPEECH:
-                    self._owner.last_speech_s = event.speech_duration
-                    # reported after its silence (and the inference time): speech ended before
-                    self._owner.last_speech_ended_at = time.time() - event.silence_duration - event.inference_duration
-                self._event_ch.send_nowait(event)
-        finally:
-            forward.cancel()
-            await asyncio.gather(forward, return_exceptions=True)
-            await self._inner.aclose()
+    def push_frame(self, frame: rtc.AudioFrame) -> None:
+        self._inner.push_frame(frame)
 
-    async def _forward_input(self) -> None:
-        async for item in self._input_ch:
-            if isinstance(item, self._FlushSentinel):
-                self._inner.flush()
-            else:
-                self._inner.push_frame(item)
+    def flush(self) -> None:
+        self._inner.flush()
+
+    def end_input(self) -> None:
         self._inner.end_input()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __aiter__(self) -> _SpeechLengthStream:
+        return self
+
+    async def __anext__(self) -> vad.VADEvent:
+        event = await self._inner.__anext__()
+        if event.type == vad.VADEventType.END_OF_SPEECH:
+            self._owner.last_speech_s = event.speech_duration
+            # reported after its silence (and the inference time): speech ended before
+            self._owner.last_speech_ended_at = time.time() - event.silence_duration - event.inference_duration
+        return event
 
 
 @dataclass(frozen=True)

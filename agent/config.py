@@ -70,6 +70,11 @@ class AgentSettings(BaseSettings):
         True, validation_alias="AGENT_SPECULATIVE_REPLIES",
         description="start each reply at the VAD's end of speech, before the turn is confirmed",
     )
+    auto_gain_control: bool = Field(
+        True, validation_alias="AGENT_AUTO_GAIN_CONTROL",
+        description="LiveKit's gain control on the caller's audio (off: where the callers' own "
+                    "clients level it, as browsers do; about 1 % of a core per call less)",
+    )
     input_transcription: bool = Field(
         True, validation_alias="AGENT_INPUT_TRANSCRIPTION",
         description="have the omni worker transcribe the user's turns (user transcripts in the room)",
@@ -85,6 +90,10 @@ class AgentSettings(BaseSettings):
     load_threshold: float = Field(
         0.999, gt=0, le=1, validation_alias="AGENT_LOAD_THRESHOLD",
         description="refuse new jobs at this share of the omni worker's sessions (1.0 = all taken)",
+    )
+    idle_processes: int = Field(
+        2, ge=0, validation_alias="AGENT_IDLE_PROCESSES",
+        description="job processes kept started and waiting for a call in start mode (dev: none)",
     )
     drain_timeout_s: int = Field(
         1800, ge=0, validation_alias="AGENT_DRAIN_TIMEOUT_S",

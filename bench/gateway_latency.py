@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from inference import engine as eng  # noqa: E402
 from inference.config import WorkerSettings  # noqa: E402
 from inference.server import Worker  # noqa: E402
+from bench.null_worker import NullEngine  # noqa: E402
 from tests.support.realtime_client import RealtimeClient, speech_like  # noqa: E402
 
 
@@ -61,22 +62,6 @@ class StampingEngine(eng.OmniEngine):
                     first = False
                 self.stamps.append(now)
             yield delta
-
-
-class NullEngine(eng.OmniEngine):
-    """No model: 40 chunks of 80 ms audio, as fast as the gateway takes them."""
-
-    name = "null"
-
-    async def start(self) -> None:
-        self._chunk = (0.1 * np.sin(np.arange(1920) / 10)).astype(np.float32)
-
-    async def generate(self, request: eng.GenerationRequest) -> AsyncIterator[eng.Delta]:
-        for i in range(40):
-            yield eng.TextDelta("word ")
-            yield eng.AudioDelta(self._chunk)
-            await asyncio.sleep(0)
-        yield eng.Finished(output_text_tokens=40, output_audio_tokens=400)
 
 
 def run_worker(engine: eng.OmniEngine, port: int, ready: threading.Event) -> None:
@@ -144,7 +129,7 @@ def main() -> None:
                         help="reference engine: speech per reply at least (a random talker may stop early)")
     args = parser.parse_args()
 
-    inner = NullEngine("null") if args.engine == "null" else eng.create_engine(
+    inner = NullEngine() if args.engine == "null" else eng.create_engine(
         "reference", args.model, min_audio_seconds=args.min_audio_seconds)
     engine = StampingEngine(inner)
     ready = threading.Event()

@@ -41,6 +41,7 @@ sys.path[:0] = [str(_repo), str(_repo / "provider")]
 
 from livekit import rtc  # noqa: E402
 from livekit.plugins.omni import RealtimeModel, RealtimeSession  # noqa: E402
+from livekit.plugins.omni.audio import APPEND_CHUNK_SAMPLES, INPUT_SAMPLE_RATE  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 
 ROOM_RATE = 24_000
@@ -223,7 +224,7 @@ async def main() -> None:
           f"({1000 * cpu_out:.1f} ms per audio second)")
     print(f"input  latency per append chunk (n={len(lat_in)}): p50 {ms(lat_in, 0.5):.2f} ms, "
           f"p95 {ms(lat_in, 0.95):.2f} ms, max {1000 * max(lat_in):.2f} ms "
-          f"(plus up to {1000 * 800 / 16000:.0f} ms waiting for a chunk to fill; a commit flushes it)")
+          f"(plus up to {1000 * APPEND_CHUNK_SAMPLES / INPUT_SAMPLE_RATE:.0f} ms waiting for a chunk to fill; a commit flushes it)")
     print(f"output latency per frame (n={len(lat_out)}): p50 {ms(lat_out, 0.5):.2f} ms, "
           f"p95 {ms(lat_out, 0.95):.2f} ms, max {1000 * max(lat_out):.2f} ms")
     print(f"mean input latency {1000 * statistics.fmean(lat_in):.2f} ms, output {1000 * statistics.fmean(lat_out):.2f} ms")

@@ -24,9 +24,13 @@ turns:
 Clocks: everything runs on this machine, wall clock throughout.
 
 Without --livekit-url it starts its own stack (LiveKit 17885-17887, worker 18330, agent),
-tiny-random unless --model says otherwise.
+tiny-random unless --model says otherwise; `--model null` is bench/null_worker.py, the real
+gateway over a tone at RTF 0.5: the model's time then hardly counts, and what is left is the
+agent's and LiveKit's own latency. `--agent-checkout` runs another copy's agent (e.g. an older
+commit, `git archive REV | tar -x -C DIR`) under the same bench.
 
     python bench/voice_to_voice.py --rounds 20
+    python bench/voice_to_voice.py --model null --rounds 10
     python bench/voice_to_voice.py --livekit-url ws://127.0.0.1:7880 --rounds 20   # ./scripts/dev running
 """
 
@@ -49,7 +53,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.stack import TINY_RANDOM_REPLY, Stack, livekit_server, omni_worker, voice_agent  # noqa: E402
+from bench import null_worker  # noqa: E402
+from scripts.stack import REPO, TINY_RANDOM_REPLY, Stack, livekit_server, omni_worker, voice_agent  # noqa: E402
 from tests.e2e.caller import Caller, load_wav  # noqa: E402
 
 QUESTIONS = ["e2e_q1_time.wav", "e2e_q2_weather.wav", "e2e_q3_recall.wav", "e2e_q4_thanks.wav"]
@@ -219,6 +224,7 @@ def report(samples: Samples, args: argparse.Namespace) -> str:
         f"machine: {machine()}",
         f"model: {args.model} ({args.engine}); {args.rounds} rounds ({len(turns)} turns), a new call every "
         f"{args.rounds_per_call}; barge-in {BARGE_IN_AFTER_S} s into each reply; festival's natural voice",
+        f"agent: {'this checkout' if args.agent_checkout == REPO else args.agent_checkout}",
         row("voice-to-voice at the caller (end of speech → first audio)", [t.voice_to_voice for t in turns]),
         row("  endpointing: end of speech → end-of-turn decision", [t.endpointing for t in turns]),
         row("  reply started after the end of speech", [t.reply_started for t in turns]),
@@ -244,7 +250,7 @@ def report(samples: Samples, args: argparse.Namespace) -> str:
         raw = {"machine": machine(), "args": vars(args), "turns": [asdict(t) for t in turns],
                **{k: v for k, v in asdict(samples).items() if k != "turns"}}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(raw, indent=1))
+        Path(args.json).write_text(json.dumps(raw, indent=1, default=str))
     return text
 
 
@@ -253,8 +259,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=15, help="each round: a question, then a barge-in (two turns)")
     p.add_argument("--rounds-per-call", type=int, default=5, help="rounds in one room before a new call")
     p.add_argument("--livekit-url", help="use this running stack instead of starting one")
-    p.add_argument("--model", default="tiny-random")
+    p.add_argument("--model", default="tiny-random", help="a model for the worker, or `null`: bench/null_worker.py")
     p.add_argument("--engine", default="reference")
+    p.add_argument("--agent-checkout", type=Path, default=REPO,
+                   help="the agent (and plugin) of this copy of the repository instead of this one's")
     p.add_argument("--agent-env", action="append", default=[], metavar="NAME=VALUE",
                    help="a setting for the agent this starts, e.g. AGENT_SPECULATIVE_REPLIES=false")
     p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
@@ -274,9 +282,10 @@ def main() -> None:
             extra = (*(TINY_RANDOM_REPLY if args.model == "tiny-random" else ()),
                      *(arg for option in args.engine_option for arg in ("--engine-option", option)),
                      "--log-level", args.worker_log_level)
-            stack.start(omni_worker(18330, model=args.model, engine=args.engine, extra_args=extra))
+            stack.start(null_worker.service(18330) if args.model == "null" else
+                        omni_worker(18330, model=args.model, engine=args.engine, extra_args=extra))
             stack.start(voice_agent(livekit_url="ws://127.0.0.1:17885", omni_url="ws://127.0.0.1:18330/v1/realtime",
-                                    env=agent_env))
+                                    env=agent_env, checkout=args.agent_checkout))
             samples = asyncio.run(run_rounds("ws://127.0.0.1:17885", args.rounds, args.rounds_per_call))
         print(f"[stack] logs in {log_dir}")
     report(samples, args)

@@ -252,15 +252,18 @@ def omni_worker(port: int, *, model: str = "tiny-random", engine: str = "referen
 
 
 def voice_agent(*, livekit_url: str, omni_url: str, omni_api_key: str | None = None, mode: str = "dev",
-                env: dict[str, str] | None = None, connect_log: Path | None = None) -> Service:
+                env: dict[str, str] | None = None, connect_log: Path | None = None,
+                checkout: Path = REPO) -> Service:
     """`connect_log`: run it under strace and log every connect() of the agent and its job
-    processes there (the end-to-end tests check that nothing reaches outside this machine)."""
+    processes there (the end-to-end tests check that nothing reaches outside this machine).
+    `checkout`: the agent and plugin of another copy of the repository (benchmarks compare
+    an older commit's agent with this one's)."""
     agent_env = {"LIVEKIT_URL": livekit_url, "LIVEKIT_API_KEY": DEV_API_KEY,
                  "LIVEKIT_API_SECRET": DEV_API_SECRET, "OMNI_URL": omni_url,
                  # this checkout's agent and plugin in the job processes too: they import the
                  # plugin before agent.py can put provider/ on the path, and would otherwise get
                  # whichever checkout the venv has installed
-                 "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "provider"),
+                 "PYTHONPATH": os.pathsep.join([str(checkout), str(checkout / "provider"),
                                                 os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
                  **(env or {})}
     if omni_api_key:
@@ -270,7 +273,7 @@ def voice_agent(*, livekit_url: str, omni_url: str, omni_api_key: str | None = N
         trace = ["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=connect", "-o", str(connect_log)]
     return Service(
         name="agent",
-        argv=[*trace, sys.executable, str(REPO / "agent" / "agent.py"), mode],
+        argv=[*trace, sys.executable, str(checkout / "agent" / "agent.py"), mode],
         env=agent_env,
         ready_log=r"registered worker",
         ready_timeout_s=120.0,

@@ -42,6 +42,8 @@ def test_reads_the_documented_environment(monkeypatch: pytest.MonkeyPatch) -> No
     ("LIVEKIT_URL", "127.0.0.1:7880"),
     ("AGENT_LOAD_THRESHOLD", "1.5"),
     ("AGENT_MIN_INTERRUPTION_S", "0"),
+    ("AGENT_IDLE_PROCESSES", "-1"),
+    ("AGENT_AUTO_GAIN_CONTROL", "sometimes"),
 ])
 def test_bad_values_are_refused_with_the_setting_named(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
     monkeypatch.setenv(name, value)
@@ -64,3 +66,14 @@ def test_turn_taking_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGENT_MIN_ENDPOINTING_DELAY_S", "3")
     with pytest.raises(ValidationError, match="AGENT_MIN_ENDPOINTING_DELAY_S"):
         AgentSettings()
+
+
+def test_cost_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AGENT_AUTO_GAIN_CONTROL", "AGENT_IDLE_PROCESSES"):
+        monkeypatch.delenv(name, raising=False)
+    s = AgentSettings()
+    assert s.auto_gain_control is True and s.idle_processes == 2  # livekit's gain control, as before
+    monkeypatch.setenv("AGENT_AUTO_GAIN_CONTROL", "false")
+    monkeypatch.setenv("AGENT_IDLE_PROCESSES", "0")
+    s = AgentSettings()
+    assert s.auto_gain_control is False and s.idle_processes == 0

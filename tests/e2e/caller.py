@@ -27,6 +27,7 @@ from livekit import api, rtc
 DATA = Path(__file__).resolve().parents[1] / "data"
 AGENT_EVENTS_TOPIC = "omni.agent.events"
 TRANSCRIPTION_TOPIC = "lk.transcription"
+SESSION_HOST_TOPIC = "lk.agent.session"  # livekit-agents' RemoteSession, which our agent does not host
 
 MIC_RATE = 16000
 MIC_FRAME_S = 0.01
@@ -162,6 +163,7 @@ class Caller:
         self.agent_audio: AgentAudio | None = None
         self.events: list[dict[str, Any]] = []
         self.transcripts: list[Transcript] = []
+        self.session_host_streams = 0  # what the agent sent on SESSION_HOST_TOPIC
         self._agent_audio_ready = asyncio.Event()
         self._readers: set[asyncio.Task[None]] = set()
 
@@ -180,6 +182,7 @@ class Caller:
         room.on("track_subscribed", caller._on_track_subscribed)
         room.on("data_received", caller._on_data)
         room.register_text_stream_handler(TRANSCRIPTION_TOPIC, caller._on_transcript_stream)
+        room.register_byte_stream_handler(SESSION_HOST_TOPIC, caller._on_session_host_stream)
         await room.connect(url, token.to_jwt())
         track = rtc.LocalAudioTrack.create_audio_track("microphone", caller.mic.source)
         await room.local_participant.publish_track(
@@ -199,6 +202,9 @@ class Caller:
     def _on_data(self, packet: rtc.DataPacket) -> None:
         if packet.topic == AGENT_EVENTS_TOPIC:
             self.events.append(json.loads(packet.data))
+
+    def _on_session_host_stream(self, reader: rtc.ByteStreamReader, identity: str) -> None:
+        self.session_host_streams += 1
 
     def _on_transcript_stream(self, reader: rtc.TextStreamReader, identity: str) -> None:
         task = asyncio.create_task(self._read_transcript(reader, identity))

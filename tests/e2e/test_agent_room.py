@@ -4,6 +4,7 @@ listens to the agent's audio track.
 What is checked, all through what a participant can see:
 - the agent is dispatched, joins, greets, and answers speech with audio and transcripts; the
   reply was started at the VAD's end of speech, before the turn was confirmed (speculative);
+  it hosts no livekit-agents RemoteSession (which would hand any participant its instructions);
 - the user's words arrive as the user's transcript (tiny-random's are gibberish: only that
   they arrive, final, from the user's side, is checked);
 - a caller who pauses mid-sentence and goes on gets one reply to the whole sentence, and the
@@ -69,6 +70,7 @@ async def test_agent_answers_speech_with_audio_and_transcripts(local_stack: Loca
         assert turn["interrupted"] is False
         # the reply was started before the turn was confirmed, and used
         assert turn["speculative"] is True, turn
+        assert caller.session_host_streams == 0  # a host sends every state change to the room
         used = caller.events_of("speculative_reply", after=said.ended_at)
         assert [e["outcome"] for e in used][-1:] == ["used"], used
         print(f"endpointing {turn['endpointing_s'] * 1000:.0f} ms, model first audio "
