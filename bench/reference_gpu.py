@@ -244,13 +244,13 @@ def gpu_memory(device: torch.device) -> str:
 async def run(args) -> None:
     device = torch.device(args.device if args.device != "auto"
                           else ("cuda" if torch.cuda.is_available() else "cpu"))
-    levels = [int(n) for n in args.sessions.split(",")]
-    variant_levels = [int(n) for n in (args.variant_sessions or str(levels[0])).split(",")]
+    levels = levels_of(args.sessions)
+    variant_levels = levels_of(args.variant_sessions) if args.variant_sessions else levels[:1]
     print(machine_info(device), flush=True)
     if args.check:
         await check_graphs(device, args)
-    steady = [int(n) for n in args.steady.split(",")] if args.steady else []
-    options = dict(device=str(device), kv_slots=max(levels + variant_levels + steady),
+    steady, variant_steady = levels_of(args.steady), levels_of(args.variant_steady)
+    options = dict(device=str(device), kv_slots=max(levels + variant_levels + steady + variant_steady),
                    context_tokens=args.context_tokens,
                    max_audio_seconds=args.audio_seconds, min_audio_seconds=args.audio_seconds,
                    max_new_tokens=args.max_tokens, seed=0)
@@ -277,13 +277,15 @@ async def run(args) -> None:
         first = index == 0
         try:
             await run_variant(name, loaded, variant, options, levels if first else variant_levels,
+                              steady if first else variant_steady,
                               args.conversation if first else 0, args, device)
         except Exception as error:  # report and go on with the next variant
             logging.exception("variant %s failed: %s", variant, error)
 
 
 async def run_variant(name: str, loaded: LoadedModel, variant: str, options: dict,
-                      levels: list[int], turns: int, args, device: torch.device) -> None:
+                      levels: list[int], steady: list[int], turns: int, args,
+                      device: torch.device) -> None:
     overrides = VARIANTS[variant]
     engine = ReferenceEngine(name, dtype=str(loaded.dtype).removeprefix("torch."),
                              **{**options, **overrides})
@@ -299,6 +301,17 @@ async def run_variant(name: str, loaded: LoadedModel, variant: str, options: dic
                 profile_steps(engine, args)
         except Exception:  # a measurement aid: never the reason a run is lost
             logging.exception("--profile-steps failed")
+    if levels:
+        await run_burst(engine, levels, args, device)
+    if steady:
+        await run_steady(engine, steady, args)
+    if turns:
+        await run_conversation(engine, turns, args)
+    await engine.close()
+
+
+async def run_burst(engine: ReferenceEngine, levels: list[int], args, device: torch.device) -> None:
+    """All sessions of a level start together, `--repeats` rounds per level."""
     header = (f"{'sessions':>8} {'ttfa p50':>9} {'ttfa p95':>9} {'gap p50':>8} {'gap max':>8} "
               f"{'RTF p50':>8} {'RTF p95':>8} {'audio/s':>8} {'speedup':>8} {'queue p95':>9} "
               f"{'batch':>6} {'GPU mem':>8}")
@@ -326,6 +339,7 @@ async def run_variant(name: str, loaded: LoadedModel, variant: str, options: dic
         print("         first audio, phase by phase (medians, ms): "
               + "  ".join(f"{key.removesuffix('_s')} {1000 * med(key):.1f}" for key in PHASES)
               + f"  codes before the 1st chunk {med('first_chunk_codes'):.0f}", flush=True)
+        print("         " + loop_line(engine.core.stats, wall), flush=True)
     print("ttfa: request → first audio delta; gap: silence a listener playing packets on arrival "
           "hears after the first (median and worst reply); RTF: a reply's wall time / its audio "
           "seconds; audio/s: audio seconds all sessions together produce per wall second; "
@@ -333,19 +347,22 @@ async def run_variant(name: str, loaded: LoadedModel, variant: str, options: dic
           "decode batch; phases: GPU time between CUDA events (prefill = audio encoder + "
           "thinker prefill; talker_prefill includes the first thinker step; "
           "first_chunk_decode = decode steps until the first chunk's codes)")
-    if args.steady and variant == args.variants.split(",")[0]:
-        await run_steady(engine, [int(n) for n in args.steady.split(",")], args)
-    if turns:
-        await run_conversation(engine, turns, args)
-    await engine.close()
+
+
+def levels_of(text: str | None) -> list[int]:
+    """"1,4,16" → [1, 4, 16]; "" or "none" → []."""
+    return [int(n) for n in (text or "").split(",") if n.strip() and n.strip() != "none"]
 
 
 def loop_line(stats: LoopStats, wall: float) -> str:
     """What the engine loop did over `wall` seconds."""
     steps = max(stats.steps, 1)
     runs = max(stats.token2wav_runs, 1)
+    take_s = stats.decode_s - stats.launch_s - stats.read_wait_s
     return (f"loop: {stats.steps / wall:.0f} steps/s, decode {1000 * stats.decode_s / steps:.1f} ms "
-            f"a step (thinker batch {stats.thinker_rows / steps:.1f}, talker batch "
+            f"a step (launch {1000 * stats.launch_s / steps:.1f}, wait for the device "
+            f"{1000 * stats.read_wait_s / steps:.1f}, take {1000 * take_s / steps:.1f}; "
+            f"thinker batch {stats.thinker_rows / steps:.1f}, talker batch "
             f"{stats.talker_rows / steps:.1f}); token2wav {stats.token2wav_runs / wall:.1f} runs/s, "
             f"{1000 * stats.token2wav_s / runs:.1f} ms and {stats.token2wav_rows / runs:.1f} "
             f"replies a run; busy {100 * (stats.decode_s + stats.token2wav_s) / wall:.0f} % "
@@ -363,6 +380,8 @@ async def run_steady(engine: ReferenceEngine, levels: list[int], args) -> None:
     for calls in levels:
         engine.core.stats = LoopStats()
         started = time.monotonic()
+        if calls == args.py_spy_level:
+            asyncio.get_running_loop().create_task(record_py_spy(args))
         turns = await asyncio.gather(*(steady_caller(engine, calls, index, started, args)
                                        for index in range(calls)))
         wall = time.monotonic() - started
@@ -378,6 +397,24 @@ async def run_steady(engine: ReferenceEngine, levels: list[int], args) -> None:
         if p95 <= STEADY_FIRST_AUDIO_S and share <= STEADY_GAPPED:
             best = max(best, calls)
     print(f"calls per GPU (steady, gap-free): {best}", flush=True)
+
+
+async def record_py_spy(args, seconds: int = 10) -> None:
+    """Sample this process's threads with py-spy (if installed) for `seconds`, once every call
+    of the level is running: where the engine loop's host time goes."""
+    import shutil
+
+    py_spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if py_spy is None:
+        print("py-spy: not installed; no host profile", flush=True)
+        return
+    await asyncio.sleep(args.stagger + 2)
+    process = await asyncio.create_subprocess_exec(
+        py_spy, "record", "--pid", str(os.getpid()), "--duration", str(seconds), "--rate", "200",
+        "--format", "raw", "--threads", "--nonblocking", "--output", args.py_spy_out,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    output, _ = await process.communicate()
+    print(f"py-spy (exit {process.returncode}): {output.decode(errors='replace')[-400:]}", flush=True)
 
 
 GAP_S = 0.1                  # silence a listener hears after the first packet that counts
@@ -534,10 +571,16 @@ def main() -> None:
     parser.add_argument("--variants", default="default",
                         help=f"engine configurations, comma-separated: {', '.join(VARIANTS)}")
     parser.add_argument("--variant-sessions", default=None,
-                        help="levels for the variants after the first (default: the first level)")
+                        help="levels for the variants after the first (default: the first "
+                             "level; none: no burst levels)")
     parser.add_argument("--check", action="store_true",
                         help="first compare the graphed, compiled path with the eager path on tiny-random")
     parser.add_argument("--steady", default="", help="steady-state call levels, e.g. 4,8,16,24,32")
+    parser.add_argument("--variant-steady", default="",
+                        help="steady-state levels for the variants after the first")
+    parser.add_argument("--py-spy-level", type=int, default=0,
+                        help="sample the process with py-spy for 10 s at this steady level")
+    parser.add_argument("--py-spy-out", default="py-spy.txt", help="py-spy's collapsed stacks")
     parser.add_argument("--steady-seconds", type=float, default=50.0, help="seconds per steady level")
     parser.add_argument("--stagger", type=float, default=6.0, help="steady calls start over this many s")
     parser.add_argument("--profile-steps", action="store_true",

@@ -149,10 +149,14 @@ class EngineCore:
             codes = self._guard(stepping, lambda: self._talker_step(stepping))
             if codes is not None:
                 pending.append((codes, lambda ids: self._take(stepping, ids, Reply.after_talker_code)))
+        launched = time.monotonic()
         if pending:
             ids = self._guard(thinker + talkers, lambda: runner.read(*(t for t, _ in pending)))
+            read = time.monotonic()
             for (_, take), values in zip(pending, ids or []):
                 take(values)
+        else:
+            read = launched
         decoded = time.monotonic()
         speaking = scheduler.token2wav_batch(decoded)
         if speaking:
@@ -164,8 +168,8 @@ class EngineCore:
                 scheduler.remove(reply)  # before its consumer hears it is done
                 self._guard([reply], reply.finish)
         if worked:
-            self.stats.count(started, decoded, time.monotonic(), len(thinker), len(stepping),
-                             len(speaking))
+            self.stats.count(started, launched, read, decoded, time.monotonic(), len(thinker),
+                             len(stepping), len(speaking))
 
     def _thinker_step(self, replies: list[Reply]) -> tuple[torch.Tensor, list[Reply]]:
         """Launch the step; replies whose next token is not the plain argmax choose it now
@@ -250,9 +254,14 @@ class EngineCore:
 @dataclass
 class LoopStats:
     """What the loop did, for benchmarks and tests: steps that ran model work, their wall
-    time (decoding: prefill, thinker, talker; token2wav), and batch sizes."""
+    time (decoding: prefill, thinker, talker; token2wav), and batch sizes. A decode step's
+    time splits into launching its work (host), waiting in its one read for the device, and
+    the replies taking their ids (host): a long wait means the device is the bottleneck, a
+    short one that the host is."""
     steps: int = 0
     decode_s: float = 0.0
+    launch_s: float = 0.0
+    read_wait_s: float = 0.0
     token2wav_s: float = 0.0
     token2wav_runs: int = 0
     token2wav_rows: int = 0
@@ -260,10 +269,12 @@ class LoopStats:
     talker_rows: int = 0
     largest_batch: int = 0
 
-    def count(self, started: float, decoded: float, ended: float, thinker: int, talker: int,
-              speaking: int) -> None:
+    def count(self, started: float, launched: float, read: float, decoded: float, ended: float,
+              thinker: int, talker: int, speaking: int) -> None:
         self.steps += 1
         self.decode_s += decoded - started
+        self.launch_s += launched - started
+        self.read_wait_s += read - launched
         self.thinker_rows += thinker
         self.talker_rows += talker
         self.largest_batch = max(self.largest_batch, thinker, talker)
