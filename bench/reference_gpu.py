@@ -84,6 +84,7 @@ VARIANTS = {
     # transformers' own settings: 10 ODE steps, look-ahead for every chunk, 2-block chunks
     "quality": dict(ode_steps=10, chunk_blocks=2, first_lookahead_blocks=1, first_ode_steps=10),
     "latency-first": dict(first_lookahead_blocks=0),
+    "latency-first-chunk2": dict(first_lookahead_blocks=0, chunk_blocks=2, ramp_chunks=2),
     "steps5": dict(ode_steps=5, first_ode_steps=5),
     "dit-fp32": dict(token2wav_dtype="float32"),   # transformers' token2wav dtype
     "dit-bf16": dict(token2wav_dtype="bfloat16"),
@@ -363,10 +364,11 @@ def loop_line(stats: LoopStats, wall: float) -> str:
             f"a step (launch {1000 * stats.launch_s / steps:.1f}, wait for the device "
             f"{1000 * stats.read_wait_s / steps:.1f}, take {1000 * take_s / steps:.1f}; "
             f"thinker batch {stats.thinker_rows / steps:.1f}, talker batch "
-            f"{stats.talker_rows / steps:.1f}); token2wav {stats.token2wav_runs / wall:.1f} runs/s, "
-            f"{1000 * stats.token2wav_s / runs:.1f} ms and {stats.token2wav_rows / runs:.1f} "
-            f"replies a run; busy {100 * (stats.decode_s + stats.token2wav_s) / wall:.0f} % "
-            f"(decode {100 * stats.decode_s / wall:.0f} %, token2wav {100 * stats.token2wav_s / wall:.0f} %)")
+            f"{stats.talker_rows / steps:.1f}); token2wav {stats.token2wav_runs / wall:.1f} "
+            f"batches/s of {stats.token2wav_rows / runs:.1f} replies, "
+            f"{1000 * stats.token2wav_batch_s / runs:.0f} ms from launch to audio out; host busy "
+            f"{100 * (stats.decode_s + stats.token2wav_s) / wall:.0f} % (decode "
+            f"{100 * stats.decode_s / wall:.0f} %, audio {100 * stats.token2wav_s / wall:.0f} %)")
 
 
 async def run_steady(engine: ReferenceEngine, levels: list[int], args) -> None:

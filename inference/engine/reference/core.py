@@ -4,7 +4,14 @@ Requests come in and go out through `inbox` (add, abort, end a session, stop), a
 between steps, never during one. Each step asks the scheduler what to run (scheduler.py),
 has the model runner run it (runner.py) and hands the results to the replies (reply.py),
 which emit their deltas to their asyncio consumers. When nothing is running the loop sleeps
-on the inbox.
+on the inbox; when replies run but none has work this step (audio in flight, or not due
+yet) it naps briefly on it, never spinning (a spinning thread would take the GIL from the
+gateway's).
+
+token2wav is asynchronous: a batch of chunks is launched on token2wav's own CUDA stream
+(token2wav_runner.py) and the loop goes on with decode steps; each step collects whatever
+audio has arrived on the host. One batch is in flight at a time, and a reply with a chunk in
+flight waits for it before its next one.
 
 A failure inside one reply's own work (its prefill, its talker's start, its sampling) fails
 that reply only; a failure inside a batched step fails the replies of that batch. Either way
@@ -26,10 +33,14 @@ from ..exceptions import EngineError, EngineOverloaded
 from .reply import Phase, Reply
 from .runner import ModelRunner
 from .scheduler import Scheduler
+from .token2wav_runner import PendingWaves
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# how long the loop naps when replies are running but nothing could be done this step
+NAP_S = 0.001
 
 
 class EngineCore:
@@ -41,6 +52,9 @@ class EngineCore:
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.stats = LoopStats()
+        # token2wav launched and not yet collected: (replies, their audio), in launch order
+        self.in_flight: list[tuple[list[Reply], PendingWaves]] = []
+        self._token2wav_launched = 0.0
 
     # ----------------------------------------------------------------- the asyncio side
 
@@ -66,11 +80,17 @@ class EngineCore:
     # ----------------------------------------------------------------- the loop
 
     def _run(self) -> None:
-        with torch.inference_mode():
+        with torch.inference_mode(), self.runner.loop_stream():
+            self.runner.synchronize()  # what other threads put on the device is there
+            worked = False
             while True:
-                idle = not self.scheduler.has_work
                 try:
-                    command = self.inbox.get(timeout=0.5) if idle else self.inbox.get_nowait()
+                    if not self.scheduler.has_work:
+                        command = self.inbox.get(timeout=0.5)
+                    elif not worked:
+                        command = self.inbox.get(timeout=NAP_S)
+                    else:
+                        command = self.inbox.get_nowait()
                 except queue.Empty:
                     command = None
                 while command is not None:
@@ -82,8 +102,7 @@ class EngineCore:
                     except queue.Empty:
                         command = None
                 self._expire_waiting()
-                if self.scheduler.has_work:
-                    self.step()
+                worked = self.step() if self.scheduler.has_work else False
 
     def _apply(self, kind: str, value) -> bool:
         if kind == "add":
@@ -107,16 +126,18 @@ class EngineCore:
                 f"no memory for the reply after {now - reply.arrived:.1f} s in the queue"))
 
     def _stop_all(self) -> None:
+        self.in_flight.clear()
         for reply in list(self.scheduler.running) + list(self.scheduler.waiting):
             self._fail([reply], EngineError("the engine is shutting down"))
 
     # ----------------------------------------------------------------- one step
 
-    def step(self) -> None:
+    def step(self) -> bool:
         """One step: prompt chunks, then the thinker's decode step, the talkers' starts and
         step, all launched without waiting; then one copy brings every sampled id to the host
-        (the step's only wait for the device) and the replies take their results; then
-        token2wav for the replies whose audio is due."""
+        (the step's only wait for the device) and the replies take their results; then the
+        audio that has arrived goes out, and token2wav is launched for the replies whose audio
+        is due. Returns whether anything was done."""
         runner, scheduler = self.runner, self.scheduler
         started = time.monotonic()
         plan = scheduler.schedule()
@@ -158,11 +179,11 @@ class EngineCore:
         else:
             read = launched
         decoded = time.monotonic()
-        speaking = scheduler.token2wav_batch(decoded)
+        worked = self._collect_audio() or worked
+        speaking = [] if self.in_flight else scheduler.token2wav_batch(decoded)
         if speaking:
             worked = True
-            self._token2wav(speaking)
-            scheduler.token2wav_ran(time.monotonic())
+            self._launch_token2wav(speaking)
         for reply in list(scheduler.running):
             if reply.phase is Phase.DECODING and reply.complete:
                 scheduler.remove(reply)  # before its consumer hears it is done
@@ -170,6 +191,7 @@ class EngineCore:
         if worked:
             self.stats.count(started, launched, read, decoded, time.monotonic(), len(thinker),
                              len(stepping), len(speaking))
+        return worked
 
     def _thinker_step(self, replies: list[Reply]) -> tuple[torch.Tensor, list[Reply]]:
         """Launch the step; replies whose next token is not the plain argmax choose it now
@@ -219,17 +241,38 @@ class EngineCore:
             if reply.phase is Phase.DECODING:
                 self._guard([reply], lambda: take(reply, value))
 
-    def _token2wav(self, replies: list[Reply]) -> None:
+    def _launch_token2wav(self, replies: list[Reply]) -> None:
+        self._token2wav_launched = time.monotonic()
         for part in token2wav_parts(replies):
-            self._guard(part, lambda: self._token2wav_part(part))
+            pending = self._guard(part, lambda: self._launch_part(part))
+            if pending is not None:
+                self.in_flight.append((part, pending))
 
-    def _token2wav_part(self, replies: list[Reply]) -> None:
-        windows = [r.audio.next_window(final=not r.audio.ready()) for r in replies]
-        mels = self.runner.token2wav.sample(windows)
-        waves = self.runner.token2wav.vocode(
-            [reply.audio.vocoder_input(mel) for reply, mel in zip(replies, mels)])
-        for reply, wave in zip(replies, waves):
-            self._guard([reply], lambda: reply.take_audio(reply.audio.take_audio(wave)))
+    def _launch_part(self, replies: list[Reply]) -> PendingWaves:
+        """The replies' next chunks as one batch (DiT windows, then vocoder chunks), on
+        token2wav's stream; their audio comes back later (`_collect_audio`)."""
+        token2wav = self.runner.token2wav
+        with token2wav.side_stream():
+            windows = [r.audio.next_window(final=not r.audio.ready()) for r in replies]
+            mels = token2wav.sample(windows)
+            return token2wav.vocode([reply.audio.vocoder_input(mel) for reply, mel in zip(replies, mels)])
+
+    def _collect_audio(self) -> bool:
+        """Every launched part whose audio is on the host (in launch order): each of its
+        replies still running emits its chunk. Returns whether any part was collected."""
+        collected = False
+        while self.in_flight and self.in_flight[0][1].ready():
+            replies, pending = self.in_flight.pop(0)
+            collected = True
+            waves = self._guard(replies, pending.waves)
+            for reply, wave in zip(replies, waves or []):
+                if reply.phase is Phase.DECODING:
+                    self._guard([reply], lambda: reply.take_audio(reply.audio.take_audio(wave)))
+        if collected and not self.in_flight:
+            now = time.monotonic()
+            self.scheduler.token2wav_ran(now)
+            self.stats.token2wav_batch_s += now - self._token2wav_launched
+        return collected
 
     # ----------------------------------------------------------------- failures
 
@@ -253,15 +296,17 @@ class EngineCore:
 
 @dataclass
 class LoopStats:
-    """What the loop did, for benchmarks and tests: steps that ran model work, their wall
-    time (decoding: prefill, thinker, talker; token2wav), and batch sizes. A decode step's
-    time splits into launching its work (host), waiting in its one read for the device, and
-    the replies taking their ids (host): a long wait means the device is the bottleneck, a
-    short one that the host is."""
+    """What the loop did, for benchmarks and tests: steps that did any work, their host time
+    and batch sizes. A step's decoding splits into launching its work (host), waiting in its
+    one read for the device, and the replies taking their ids (host): a long wait means the
+    device is the bottleneck, a short one that the host is. `token2wav_s` is the host's part
+    of audio (collecting it, launching batches); a batch itself runs beside the decode steps,
+    `token2wav_batch_s` from its launch until its audio is out."""
     steps: int = 0
     decode_s: float = 0.0
     launch_s: float = 0.0
     read_wait_s: float = 0.0
+    token2wav_batch_s: float = 0.0
     token2wav_s: float = 0.0
     token2wav_runs: int = 0
     token2wav_rows: int = 0
@@ -278,8 +323,8 @@ class LoopStats:
         self.thinker_rows += thinker
         self.talker_rows += talker
         self.largest_batch = max(self.largest_batch, thinker, talker)
+        self.token2wav_s += ended - decoded
         if speaking:
-            self.token2wav_s += ended - decoded
             self.token2wav_runs += 1
             self.token2wav_rows += speaking
 

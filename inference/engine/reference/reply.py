@@ -148,7 +148,7 @@ class Reply:
         self.generator = torch.Generator(device=device).manual_seed(seed)
         noise_generator = torch.Generator(device=device).manual_seed(seed ^ 0x2545F4914F6CDD1D)
         self.sampler = TokenSampler(thinker_sampling, device, generator=self.generator)
-        self.history = self.prompt.input_ids.to(device) if self.sampler.needs_history else None
+        self.history: torch.Tensor | None = None  # the ids the penalty reads (made on admission)
         self.stop_ids = stop_ids
         self.tool_open_id = tool_open_id
         self.max_new = prepared.max_new_tokens
@@ -197,8 +197,9 @@ class Reply:
         return self.talker is not None and self.first_audio_at is None and not self.talker_finished
 
     def wants_token2wav(self) -> bool:
-        """A chunk's codes are there, or the codes are complete and some are not yet audio."""
-        if self.audio is None or self.phase is not Phase.DECODING:
+        """A chunk's codes are there, or the codes are complete and some are not yet audio
+        (and no chunk of this reply is in flight)."""
+        if self.audio is None or self.phase is not Phase.DECODING or self.audio.in_flight:
             return False
         return self.audio.ready() or (self.talker_finished and self.audio.has_rest())
 
@@ -213,7 +214,7 @@ class Reply:
             return False
         if self.talker is None:
             return True
-        return self.talker_finished and not self.audio.has_rest()
+        return self.talker_finished and not self.audio.has_rest() and not self.audio.in_flight
 
     def playback_slack(self, now: float) -> float:
         """Seconds of audio the listener has left before running dry (negative: a gap);
@@ -230,6 +231,8 @@ class Reply:
         self.reused = self.prefilled = reused
         self.talker_reused = talker_reused
         self.talker_prefilled = talker_reused if self.talker is not None else 0
+        if self.sampler.needs_history:  # on the loop's thread and stream, like all its device work
+            self.history = self.prompt.input_ids.to(self.device)
         self.phase = Phase.PREFILL
         self.timings["queue_wait_s"] = time.monotonic() - self.arrived
         self.timings["reused_tokens"] = float(reused)

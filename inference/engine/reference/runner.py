@@ -19,6 +19,7 @@ next step, since every graph's outputs are overwritten by its next replay.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -55,6 +56,9 @@ class ModelRunner:
         self.talker = model.talker
         self.device = device
         self.slots = slots
+        # the engine loop's work goes on a stream of its own, at a higher priority than
+        # token2wav's (token2wav_runner.py): on a busy GPU a decode step's kernels go first
+        self.stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
         text_config = self.thinker.config.text_config
         dtype = self.thinker.lm_head.weight.dtype
         self.thinker_pool = KVPool(text_config, slots, thinker_capacity, device, dtype)
@@ -103,6 +107,15 @@ class ModelRunner:
                     "CUDA graphs %s, compiled %s, in %.1f s", slots, thinker_capacity,
                     talker_capacity, self.buckets, "on" if cuda_graphs else "off",
                     "yes" if compile else "no", time.monotonic() - started)
+
+    def loop_stream(self):
+        """A context in which the engine loop's work goes on the runner's stream."""
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+
+    def synchronize(self) -> None:
+        """Wait for everything queued on the device (by any thread) to be done."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     # ----------------------------------------------------------------- prefill
 

@@ -17,12 +17,22 @@ without padding and without the other rows. On CUDA an ODE solve is captured per
 count, batch-size bucket) for the longest window of the chunk plan.
 
 The vocoder (convolutions only) batches chunks of equal length; its graphs are captured per
-(input length, batch bucket) for the lengths steady chunks have; other lengths (the last
-chunk) run eagerly.
+(input length, batch bucket) for the lengths chunks have (token2wav_stream.py makes the last
+chunk's as long as a steady one's); other lengths (a reply shorter than a chunk) run eagerly.
+cuDNN picks its convolution algorithms by timing them (`cudnn.benchmark`) while the graphs
+are captured: their shapes are fixed, and its default heuristics are not the fastest here.
+
+On CUDA, token2wav runs on a CUDA stream of its own (`side_stream()`), at a lower priority
+than the engine loop's decode steps: the loop launches a batch of windows and goes on
+decoding while the GPU works through them in the gaps the decode steps leave, and collects
+the audio (`PendingWaves`) once its copy to the host is done. A decode step is small and
+latency-bound, a DiT window or vocoder chunk large and throughput-bound, so the two overlap
+well, and a listener's next chunk never holds up every other reply's next code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import time
@@ -62,6 +72,8 @@ class Token2WavRunner:
         self.vocoder = token2wav.code2wav_bigvgan_model
         self.plan = plan
         self.device = device
+        # default priority: lower than the engine loop's stream (ModelRunner.stream)
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.shape = Token2WavShape(
             block=self.dit.block_size, repeats=self.dit.repeats,
             samples_per_frame=int(np.prod(self.vocoder.config.upsample_rates)),
@@ -101,9 +113,17 @@ class Token2WavRunner:
                 mels[i] = mel
         return mels
 
-    def vocode(self, mels: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Audio samples (1-D, on the CPU) of each mel (1, mel_dim, frames); inputs of the same
-        length are one batch, and all of them come to the host in one copy."""
+    def side_stream(self):
+        """A context in which token2wav's work goes on its own stream, after what the current
+        stream has queued so far (on a CPU: as it is)."""
+        if self.stream is None:
+            return contextlib.nullcontext()
+        self.stream.wait_stream(torch.cuda.current_stream())
+        return torch.cuda.stream(self.stream)
+
+    def vocode(self, mels: list[torch.Tensor]) -> PendingWaves:
+        """Audio samples of each mel (1, mel_dim, frames), on their way to the host: inputs of
+        the same length are one batch, and all of them come to the host in one copy."""
         order: list[int] = []
         outputs: list[torch.Tensor] = []
         for frames in sorted({mel.shape[2] for mel in mels}):
@@ -117,14 +137,22 @@ class Token2WavRunner:
                 out = mel_to_wave(self.vocoder, batch, self.min_level).reshape(len(group), -1)
             order += group
             outputs.append(out.reshape(-1))
-        host = torch.cat(outputs).cpu()
-        waves: list[torch.Tensor | None] = [None] * len(mels)
+        joined = torch.cat(outputs)
+        done = None
+        if joined.is_cuda:
+            host = torch.empty(joined.shape, dtype=joined.dtype, pin_memory=True)
+            host.copy_(joined, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+        else:
+            host = joined
+        spans: list[tuple[int, int] | None] = [None] * len(mels)
         start = 0
         for i in order:
             samples = mels[i].shape[2] * self.shape.samples_per_frame
-            waves[i] = host[start:start + samples]
+            spans[i] = (start, start + samples)
             start += samples
-        return waves
+        return PendingWaves(host, spans, done)
 
     # ----------------------------------------------------------------- internals
 
@@ -148,6 +176,14 @@ class Token2WavRunner:
         return SpeakerCondition(cond, self.dit.input_embed.spk_encoder(reference))
 
     def _capture(self) -> None:
+        benchmark = torch.backends.cudnn.benchmark
+        torch.backends.cudnn.benchmark = True  # fixed shapes: time cuDNN's algorithms once
+        try:
+            self._capture_graphs()
+        finally:
+            torch.backends.cudnn.benchmark = benchmark
+
+    def _capture_graphs(self) -> None:
         started = time.monotonic()
         for steps, lengths in sorted(self.plan.windows(self.shape.block).items()):
             for frames in lengths:
@@ -160,6 +196,23 @@ class Token2WavRunner:
         logger.info("token2wav CUDA graphs in %.1f s: ODE (steps, batch, frames) %s; vocoder "
                     "(frames, batch) %s", time.monotonic() - started, sorted(self._ode_graphs),
                     sorted(self._vocoder_graphs))
+
+
+@dataclass
+class PendingWaves:
+    """A batch's audio on its way to the host: `waves()` once `ready()` (or it waits)."""
+    host: torch.Tensor                # every wave's samples, one after the other
+    spans: list[tuple[int, int]]      # each mel's samples in `host`, in the order given
+    done: torch.cuda.Event | None     # the copy's completion (None: already on the host)
+
+    def ready(self) -> bool:
+        return self.done is None or self.done.query()
+
+    def waves(self) -> list[torch.Tensor]:
+        """Audio samples (1-D, on the CPU) of each mel, in the order `vocode` was given them."""
+        if self.done is not None:
+            self.done.synchronize()
+        return [self.host[start:end] for start, end in self.spans]
 
 
 class _WindowOde:

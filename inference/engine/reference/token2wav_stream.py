@@ -11,11 +11,14 @@ around it; this is the sliding-window decoding Qwen designed the DiT for (their 
   window makes it again, with more context);
 - the ODE for every window starts from the same per-reply noise sequence, sliced to the
   window, so overlapping windows agree;
-- the vocoder sees `vocoder_context` frames on each side of the chunk: final mel of the
+- the vocoder sees `vocoder_context` frames on each side of the chunk: settled mel of the
   previous chunk on the left, the provisional look-ahead mel on the right, and only the
   chunk's own samples are emitted. (Qwen's helpers instead hold each chunk's last 20 frames
   back until the next chunk exists; using the look-ahead mel as right context emits the
-  whole chunk at once, which takes 0.2 s off the time to first audio.)
+  whole chunk at once, which takes 0.2 s off the time to first audio.) The last chunk has no
+  look-ahead; it takes as much more settled mel on the left as makes its input as long as a
+  steady chunk's, so it runs from the same captured vocoder graphs (an odd length would run
+  eagerly: a thousand small launches) and has more context, not less.
 
 The first chunk may differ (`first_lookahead_blocks`, `first_ode_steps`): it is the one the
 listener waits for. This class only keeps one reply's codes, noise and seams, and says what
@@ -135,8 +138,11 @@ class StreamingToken2Wav:
         self.next_frame = 0          # first mel frame not yet decoded
         self.chunks = 0
         self.first_chunk_codes = 0   # codes there were when the first chunk was decoded
-        self.left_context = torch.empty((1, shape.mel_dim, 0), device=device)  # final mel
-        self._pending: tuple[int, int, int, int] | None = None  # chunk in flight
+        # settled mel of the chunks so far (as much as a steady vocoder input can use on its left)
+        self.settled_mel = torch.empty((1, shape.mel_dim, 0), device=device)
+        self.steady_vocoder_frames = max(plan.vocoder_lengths(shape.block))
+        self.in_flight = False       # a chunk is between next_window() and take_audio()
+        self._pending: tuple[int, int, int, bool] | None = None  # its frames, and if it is the last
         self._emit: tuple[int, int] | None = None               # its samples in the wave
 
     @property
@@ -167,29 +173,34 @@ class StreamingToken2Wav:
             self.clock.mark("first_codes")
             self.first_chunk_codes = len(self.codes)
         start = self.next_frame
+        self.in_flight = True
         window_start = max(start - self.plan.lookback_blocks * self.block, 0)
         self._grow_noise(window_end)
         repeats = self.shape.repeats
-        self._pending = (start, end, window_start, window_end)
+        self._pending = (start, end, window_start, final)
         return MelWindow(self.codes[window_start // repeats:window_end // repeats],
                          self.noise[:, window_start:window_end], self.plan.steps_for(self.chunks),
                          self.speaker)
 
     def vocoder_input(self, mel: torch.Tensor) -> torch.Tensor:
         """The window's mel (1, mel_dim, frames) → the vocoder's input for exactly the chunk:
-        final mel of the previous chunk on the left, provisional look-ahead mel on the right."""
-        start, end, window_start, _ = self._pending
+        settled mel of the previous chunks on the left, provisional look-ahead mel on the right
+        (the last chunk: none on the right, and more on the left, see the module doc)."""
+        start, end, window_start, final = self._pending
         self._pending = None
         if self.chunks == 0:
             self.clock.mark("first_mel")
         chunk = mel[:, :, start - window_start:end - window_start]
         lookahead = mel[:, :, end - window_start:end - window_start + self.plan.vocoder_context]
-        left = self.left_context.shape[2]
-        vocoder_mel = torch.cat([self.left_context, chunk, lookahead], dim=2)
+        left = self.plan.vocoder_context
+        if final:  # no look-ahead: more on the left, to a steady chunk's input length
+            left = max(left, self.steady_vocoder_frames - chunk.shape[2])
+        left = min(left, self.settled_mel.shape[2])
+        vocoder_mel = torch.cat([self.settled_mel[:, :, self.settled_mel.shape[2] - left:], chunk,
+                                 lookahead], dim=2)
         per_frame = self.shape.samples_per_frame
         self._emit = (left * per_frame, (left + chunk.shape[2]) * per_frame)
-        if self.plan.vocoder_context:
-            self.left_context = torch.cat([self.left_context, chunk], dim=2)[:, :, -self.plan.vocoder_context:]
+        self.settled_mel = torch.cat([self.settled_mel, chunk], dim=2)[:, :, -self.steady_vocoder_frames:]
         self.next_frame = end
         return vocoder_mel
 
@@ -200,6 +211,7 @@ class StreamingToken2Wav:
         if self.chunks == 0:
             self.clock.mark("first_wave")
         self.chunks += 1
+        self.in_flight = False
         return wave[begin:end].float().numpy()
 
     def _grow_noise(self, frames: int) -> None:

@@ -418,7 +418,7 @@ def test_chunked_vocoding_equals_one_shot_vocoding(engine):
             stream.next_window(final=length != 24 and end == 120)
             # the window's mel, as if the DiT had made exactly `mel` (look-ahead = true mel)
             vocoder_mel = stream.vocoder_input(mel[:, :, start:end + 24])
-            wave, = runner.vocode([vocoder_mel])
+            wave, = runner.vocode([vocoder_mel]).waves()
             pieces.append(stream.take_audio(wave))
             start = end
     joined = np.concatenate(pieces)
@@ -558,7 +558,7 @@ def test_first_chunk_can_skip_its_lookahead(engine):
             stream.push(code % 60)
             if stream.ready():
                 mel, = runner.sample([stream.next_window()])
-                wave, = runner.vocode([stream.vocoder_input(mel)])
+                wave, = runner.vocode([stream.vocoder_input(mel)]).waves()
                 chunks.append((len(stream.codes), len(stream.take_audio(wave))))
     # the first chunk after 12 codes; then 2-block chunks, each waiting for 1 block ahead
     assert chunks[:3] == [(12, 24 * 240), (48, 48 * 240), (72, 48 * 240)]
@@ -588,8 +588,14 @@ def test_chunks_ramp_up_to_their_size_and_graphs_cover_every_window():
             stream.vocoder_input(torch.zeros(1, 8, window.noise.shape[1]))
             stream.take_audio(torch.zeros(240 * 200))
     assert seen[:5] == [(3, 48), (5, 72), (5, 96), (5, 120), (5, 120)]
+    rest = stream.frames - stream.next_frame
     final = stream.next_window(final=True)
     assert final.noise.shape[1] <= max(plan.windows(24)[final.steps])
+    # its vocoder input is as long as a steady chunk's (a captured graph's), more on the left
+    vocoder_mel = stream.vocoder_input(torch.zeros(1, 8, final.noise.shape[1]))
+    assert vocoder_mel.shape[2] == max(plan.vocoder_lengths(24)) == 88
+    assert 0 < rest < 88 - plan.vocoder_context
+    assert len(stream.take_audio(torch.zeros(240 * 88))) == rest * 240
 
 
 # --------------------------------------------------------------------------- the engine loop
@@ -670,6 +676,46 @@ async def test_concurrent_replies_batched_equal_each_reply_alone(greedy, codes_b
         assert isinstance(deltas[-1], Finished)
         assert_same_reply(outcome(deltas, codes_by_request[f"batched-{i}"]), alone[i])
         assert len(codes_by_request[f"batched-{i}"]) > 24
+
+
+@asyncio_module
+async def test_decoding_goes_on_while_audio_is_in_flight(greedy, codes_by_request, monkeypatch):
+    """On a GPU a token2wav batch runs beside the decode steps and its audio arrives some steps
+    after its launch. Held back here for four of the loop's polls: decode steps go on
+    meanwhile, no batch is launched while another is out, no reply finishes before its last
+    audio is out, and every reply is the one it is alone."""
+    core = greedy.core
+    vocode, launch = greedy.runner.token2wav.vocode, core._launch_token2wav
+    steps_in_flight = []
+
+    class HeldBack:
+        def __init__(self, pending):
+            self.pending, self.polls, self.launched_at = pending, 0, core.stats.steps
+
+        def ready(self) -> bool:
+            self.polls += 1
+            if self.polls <= 4:
+                return False
+            steps_in_flight.append(core.stats.steps - self.launched_at)
+            return True
+
+        def waves(self):
+            return self.pending.waves()
+
+    def launch_alone(replies):
+        assert not core.in_flight
+        launch(replies)
+
+    requests = turns(seed=60)[:3]
+    alone = await each_alone(greedy, requests, "on-time", codes_by_request)
+    monkeypatch.setattr(greedy.runner.token2wav, "vocode", lambda mels: HeldBack(vocode(mels)))
+    monkeypatch.setattr(core, "_launch_token2wav", launch_alone)
+    tagged(requests, "held-back")
+    results = await asyncio.gather(*(collect(greedy, req) for req in requests))
+    for i, deltas in enumerate(results):
+        assert isinstance(deltas[-1], Finished)
+        assert_same_reply(outcome(deltas, codes_by_request[f"held-back-{i}"]), alone[i])
+    assert steps_in_flight and max(steps_in_flight) >= 2  # decode steps ran while audio was out
 
 
 @asyncio_module
