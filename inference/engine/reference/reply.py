@@ -226,8 +226,12 @@ class Reply:
 
     # ----------------------------------------------------------------- admission
 
-    def admit(self, slot: int, reused: int, talker_reused: int) -> None:
+    def admit(self, slot: int, reused: int, talker_reused: int, quick_start: bool = False) -> None:
+        """A KV slot is the reply's, `reused` prompt tokens of it already there; `quick_start`:
+        its first audio chunk is made without look-ahead (the scheduler's call, by load)."""
         self.slot = slot
+        if quick_start and self.audio is not None:
+            self.audio.start_quickly()
         self.reused = self.prefilled = reused
         self.talker_reused = talker_reused
         self.talker_prefilled = talker_reused if self.talker is not None else 0

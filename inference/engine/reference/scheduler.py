@@ -21,6 +21,12 @@ The loop asks three questions per step, in this order, and runs the answers:
    otherwise token2wav waits and decode steps go on. `bench/schedule_sim.py` runs this policy
    on a cost model, to see what a change does before it runs on a GPU.
 
+A reply admitted while fewer than `quick_start_below` other realtime replies are running or
+waiting starts quickly: its first chunk is made without look-ahead, one block of codes (12
+decode steps) sooner. On a quiet engine the decode steps are fast enough to make up that
+block before the first chunk has played; on a busy one they are not, and the listener would
+hear a gap, so a busy engine keeps the look-ahead.
+
 Background replies (input transcription) are admitted only when no realtime reply waits, get
 prefill budget only when no realtime prompt needs it, and ride along in decode batches.
 
@@ -111,8 +117,9 @@ class StepPlan:
 class Scheduler:
     def __init__(self, slots: SlotTable, *, prefill_chunk_tokens: int, max_waiting: int,
                  max_queue_wait_s: float, playback_margin_s: float,
-                 token2wav_interval_s: float = 0.0) -> None:
+                 token2wav_interval_s: float = 0.0, quick_start_below: int = 0) -> None:
         self.slots = slots
+        self.quick_start_below = quick_start_below
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.max_waiting = max_waiting
         self.max_queue_wait_s = max_queue_wait_s
@@ -201,7 +208,9 @@ class Scheduler:
             slot, prefix = granted
             self.waiting.remove(reply)
             reused, talker_reused = self._reusable(reply, prefix)
-            reply.admit(slot, reused, talker_reused)
+            others = len(realtime) - 1 + sum(not r.background for r in self.running)
+            reply.admit(slot, reused, talker_reused,
+                        quick_start=not reply.background and others < self.quick_start_below)
             self.running.append(reply)
 
     @staticmethod

@@ -19,8 +19,6 @@ count, batch-size bucket) for the longest window of the chunk plan.
 The vocoder (convolutions only) batches chunks of equal length; its graphs are captured per
 (input length, batch bucket) for the lengths chunks have (token2wav_stream.py makes the last
 chunk's as long as a steady one's); other lengths (a reply shorter than a chunk) run eagerly.
-cuDNN picks its convolution algorithms by timing them (`cudnn.benchmark`) while the graphs
-are captured: their shapes are fixed, and its default heuristics are not the fastest here.
 
 On CUDA, token2wav runs on a CUDA stream of its own (`side_stream()`), at a lower priority
 than the engine loop's decode steps: the loop launches a batch of windows and goes on
@@ -61,16 +59,20 @@ class SpeakerCondition:
 class Token2WavRunner:
     """`dtype`: the DiT's (float32 as in transformers, or bfloat16: in graphs 2.5× faster at
     batch 1 and ~5× at 16 on an H200, with the ODE's state and time embedding kept in float32;
-    its effect on real voices is unmeasured here). The vocoder always runs in float32."""
+    its effect on real voices is unmeasured here). The vocoder always runs in float32.
+    `other_plans`: chunk plans replies may use besides `plan` (the same ODE and guidance,
+    other chunk sizes); their windows and vocoder lengths are captured too."""
 
     def __init__(self, token2wav, speakers: dict[str, dict], plan: ChunkPlan,
                  device: torch.device, cuda_graphs: bool = False, max_batch: int = 1,
-                 dtype: torch.dtype = torch.float32, compile: bool = False) -> None:
+                 dtype: torch.dtype = torch.float32, compile: bool = False,
+                 other_plans: tuple[ChunkPlan, ...] = ()) -> None:
         self.dit = token2wav.code2wav_dit_model
         if self.dit.proj_out.weight.dtype != dtype:  # a copy: the model may be shared
             self.dit = copy.deepcopy(self.dit).to(dtype)
         self.vocoder = token2wav.code2wav_bigvgan_model
         self.plan = plan
+        self.plans = (plan, *other_plans)
         self.device = device
         # default priority: lower than the engine loop's stream (ModelRunner.stream)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -176,21 +178,15 @@ class Token2WavRunner:
         return SpeakerCondition(cond, self.dit.input_embed.spk_encoder(reference))
 
     def _capture(self) -> None:
-        benchmark = torch.backends.cudnn.benchmark
-        torch.backends.cudnn.benchmark = True  # fixed shapes: time cuDNN's algorithms once
-        try:
-            self._capture_graphs()
-        finally:
-            torch.backends.cudnn.benchmark = benchmark
-
-    def _capture_graphs(self) -> None:
         started = time.monotonic()
-        for steps, lengths in sorted(self.plan.windows(self.shape.block).items()):
-            for frames in lengths:
-                for batch in self.buckets:
-                    self._ode_graphs[steps, batch, frames] = _WindowOde(self, frames, steps, batch,
-                                                                        capture=True)
-        for length in self.plan.vocoder_lengths(self.shape.block):
+        block = self.shape.block
+        windows = {(steps, frames) for plan in self.plans
+                   for steps, lengths in plan.windows(block).items() for frames in lengths}
+        for steps, frames in sorted(windows):
+            for batch in self.buckets:
+                self._ode_graphs[steps, batch, frames] = _WindowOde(self, frames, steps, batch,
+                                                                    capture=True)
+        for length in sorted({length for plan in self.plans for length in plan.vocoder_lengths(block)}):
             for batch in self.buckets:
                 self._vocoder_graphs[length, batch] = _Vocoder(self, length, batch)
         logger.info("token2wav CUDA graphs in %.1f s: ODE (steps, batch, frames) %s; vocoder "

@@ -29,6 +29,7 @@ which runs the windows and vocoder inputs of many replies as one batch.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,6 +64,11 @@ class ChunkPlan:
             raise ValueError("ode_steps must be at least 2")
         if self.ramp_chunks < 0:
             raise ValueError("ramp_chunks cannot be negative")
+
+    def quick_start(self) -> "ChunkPlan":
+        """This plan with a first chunk made without look-ahead (audio starts one block of
+        codes sooner; the next chunk must then make up that block in time)."""
+        return dataclasses.replace(self, first_lookahead_blocks=0)
 
     def chunk_frames(self, chunk: int, block: int) -> int:
         small = chunk <= self.ramp_chunks
@@ -148,6 +154,13 @@ class StreamingToken2Wav:
     @property
     def frames(self) -> int:
         return len(self.codes) * self.shape.repeats
+
+    def start_quickly(self) -> None:
+        """Make the first chunk without look-ahead (`ChunkPlan.quick_start`); only before it."""
+        if self.chunks or self.in_flight:
+            raise RuntimeError("the first chunk is already under way")
+        self.plan = self.plan.quick_start()
+        self.steady_vocoder_frames = max(self.plan.vocoder_lengths(self.shape.block))
 
     def push(self, code: int) -> None:
         self.codes.append(code)

@@ -994,8 +994,8 @@ async def test_background_work_waits_for_realtime_replies(greedy):
             self.arrived, self.phase = 0.0, None
             self.needs_talker_prefill = False
 
-        def admit(self, slot, reused, talker_reused):
-            self.slot = slot
+        def admit(self, slot, reused, talker_reused, quick_start=False):
+            self.slot, self.quick_start = slot, quick_start
 
     scheduler = Scheduler(SlotTable(1), prefill_chunk_tokens=8, max_waiting=4,
                           max_queue_wait_s=1, playback_margin_s=0.5)
@@ -1003,6 +1003,58 @@ async def test_background_work_waits_for_realtime_replies(greedy):
     scheduler.waiting.extend([background, realtime])
     scheduler._admit()
     assert scheduler.running == [realtime] and list(scheduler.waiting) == [background]
+
+
+@asyncio_module
+async def test_a_quick_start_makes_the_first_chunk_from_half_the_codes(greedy):
+    """With quick_start_below=1 a reply alone on the engine has its first audio from 12 codes
+    (one block, no look-ahead); a reply that arrives while another runs waits for 24."""
+    quick = create_engine("reference", "tiny-random", seed=7, max_audio_seconds=3.0,
+                          min_audio_seconds=2.0, ode_steps=4, max_new_tokens=16, warmup=False,
+                          kv_slots=4, quick_start_below=1)
+    await quick.start_with_model(greedy.loaded)
+    try:
+        first_codes = lambda deltas: deltas[-1].timings["first_chunk_codes"]  # noqa: E731
+        alone, running, beside = turns(seed=70)[:3]
+        assert first_codes(await collect(quick, alone)) == 12
+        generation = quick.generate(running)
+        async for delta in generation:  # it runs (and made its first audio alone: quick)
+            if isinstance(delta, AudioDelta):
+                break
+        assert first_codes(await collect(quick, beside)) == 24
+        assert first_codes([delta async for delta in generation]) == 12
+    finally:
+        quick.loaded = None
+        await quick.close()
+
+
+def test_a_quiet_engine_starts_replies_quickly_a_busy_one_keeps_the_look_ahead():
+    """quick_start_below=3: a reply's first chunk goes without look-ahead when fewer than 3
+    other realtime replies run or wait as it is admitted (background ones do not count), and
+    never for a background reply; in a burst every reply counts the others, so none does."""
+    from inference.engine.reference.scheduler import Scheduler, SlotTable
+
+    class Stub:
+        def __init__(self, background=False):
+            self.background, self.session_id, self.arrived, self.phase = background, None, 0.0, None
+            self.needs_talker_prefill = False
+
+        def admit(self, slot, reused, talker_reused, quick_start=False):
+            self.quick_start = quick_start
+
+    def admitted(*replies):
+        scheduler.waiting.extend(replies)
+        scheduler._admit()
+        return [reply.quick_start for reply in replies]
+
+    scheduler = Scheduler(SlotTable(16), prefill_chunk_tokens=8, max_waiting=16,
+                          max_queue_wait_s=1, playback_margin_s=0.5, quick_start_below=3)
+    assert admitted(Stub(background=True)) == [False]
+    assert admitted(Stub()) == [True]                     # 0 other realtime replies
+    assert admitted(Stub(), Stub()) == [True, True]       # 1 running + 1 waiting; 2 running
+    assert admitted(Stub()) == [False]                    # 3 running
+    scheduler.running.clear()
+    assert admitted(*(Stub() for _ in range(4))) == [False] * 4  # 3 others each time
 
 
 def test_background_work_waits_while_a_listener_waits_for_a_first_packet():
