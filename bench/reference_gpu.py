@@ -80,11 +80,12 @@ VARIANTS = {
     "default": {},
     "eager": dict(cuda_graphs=False, compile=False),
     "no-compile": dict(compile=False),               # CUDA graphs of the eager modules
-    "chunk2-ramp2": dict(chunk_blocks=2, ramp_chunks=2),
+    "chunk1": dict(chunk_blocks=1, ramp_chunks=0),  # every chunk 0.24 s (the cuda default before 2026-12-02)
+    "chunk2-ramp2": dict(chunk_blocks=2, ramp_chunks=2),  # the cuda default
     # transformers' own settings: 10 ODE steps, look-ahead for every chunk, 2-block chunks
     "quality": dict(ode_steps=10, chunk_blocks=2, first_lookahead_blocks=1, first_ode_steps=10),
-    "latency-first": dict(first_lookahead_blocks=0),
-    "latency-first-chunk2": dict(first_lookahead_blocks=0, chunk_blocks=2, ramp_chunks=2),
+    "latency-first": dict(first_lookahead_blocks=0),     # every reply starts quickly
+    "no-quick-start": dict(quick_start_below=0),        # no reply does
     "steps5": dict(ode_steps=5, first_ode_steps=5),
     "dit-fp32": dict(token2wav_dtype="float32"),   # transformers' token2wav dtype
     "dit-bf16": dict(token2wav_dtype="bfloat16"),
@@ -386,10 +387,16 @@ async def run_steady(engine: ReferenceEngine, levels: list[int], args) -> None:
         started = time.monotonic()
         if calls == args.py_spy_level:
             asyncio.get_running_loop().create_task(record_py_spy(args))
-        turns = await asyncio.gather(*(steady_caller(engine, calls, index, started, args)
-                                       for index in range(calls)))
+        results: list[dict] = []
+        limit = STEADY_LEVEL_LIMIT * args.steady_seconds + args.stagger
+        try:
+            await asyncio.wait_for(asyncio.gather(*(
+                steady_caller(engine, calls, index, started, args, results) for index in range(calls))),
+                timeout=limit)
+            finished = True
+        except asyncio.TimeoutError:  # the callers' replies are cancelled: the engine drops them
+            finished = False
         wall = time.monotonic() - started
-        results = [result for caller in turns for result in caller]
         firsts = [r["first_audio_s"] for r in results]
         gapped = [r["stall_s"] for r in results if r["stall_s"] > GAP_S]
         share = len(gapped) / max(len(results), 1)
@@ -398,6 +405,11 @@ async def run_steady(engine: ReferenceEngine, levels: list[int], args) -> None:
               f"{100 * share:>6.0f}% {pct(gapped, 50) if gapped else 0.0:>11.2f}s "
               f"{pct([r['prefill_tokens'] for r in results], 50):>14.0f}", flush=True)
         print("       " + loop_line(engine.core.stats, wall), flush=True)
+        if not finished:
+            print(f"       the level did not finish within {limit:.0f} s: replies took far longer "
+                  "than real time (the engine is past its capacity); higher levels are skipped",
+                  flush=True)
+            break
         if p95 <= STEADY_FIRST_AUDIO_S and share <= STEADY_GAPPED:
             best = max(best, calls)
     print(f"calls per GPU (steady, gap-free): {best}", flush=True)
@@ -422,17 +434,18 @@ async def record_py_spy(args, seconds: int = 10) -> None:
 
 
 GAP_S = 0.1                  # silence a listener hears after the first packet that counts
+STEADY_LEVEL_LIMIT = 2.5     # a steady level taking longer than this × --steady-seconds is cut
 STEADY_FIRST_AUDIO_S = 0.6   # first audio p95 at a level that counts as carried
 STEADY_GAPPED = 0.05         # share of replies with silence at such a level
 
 
 async def steady_caller(engine: ReferenceEngine, calls: int, index: int, started: float,
-                        args) -> list[dict]:
-    """One call: speak, hear the reply in real time, speak again, until the level's time is up."""
+                        args, results: list[dict]) -> None:
+    """One call: speak, hear the reply in real time, speak again, until the level's time is up;
+    each reply's numbers go to `results` as it ends."""
     await asyncio.sleep(args.stagger * index / max(calls - 1, 1))
     session = f"steady-{calls}-{index}"
     context: list = []
-    results = []
     turn = 0
     while True:
         await asyncio.sleep(args.input_seconds)  # the caller is speaking
@@ -446,7 +459,6 @@ async def steady_caller(engine: ReferenceEngine, calls: int, index: int, started
         context = request.context + [AssistantText(result["text"])]
         await asyncio.sleep(max(0.0, result["played_until"] - time.monotonic()))  # listening
     engine.end_session(session)
-    return results
 
 
 def profile_steps(engine: ReferenceEngine, args) -> None:

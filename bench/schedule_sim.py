@@ -2,16 +2,20 @@
 
 The engine's `Scheduler` (inference/engine/reference/scheduler.py) and its chunking
 (`ChunkPlan`, `StreamingToken2Wav`) run here unchanged over stand-in replies whose steps cost
-what a cost model says (defaults: one H200, Qwen2.5-Omni-7B shapes, compiled steps; see
-COSTS and docs/reference-engine.md), on a simulated clock. Each caller speaks, waits for the
-reply, hears it in real time, and speaks again, calls starting staggered: the steady state
-`bench/reference_gpu.py --steady` measures on the GPU. It prints, per level, first audio
-p50/p95 and the share of replies a listener hears a gap in, and the token2wav runs per
-second and their mean batch: what a policy change does to them, in seconds, before it costs
-GPU time. The GPU run decides; this says which runs are worth making.
+what a cost model says (defaults: one H200, Qwen2.5-Omni-7B shapes, compiled steps in CUDA
+graphs, measured 2026-12-02: see COSTS and docs/reference-engine.md), on a simulated clock,
+the way the engine loop runs them: decode steps one after another, and a token2wav batch in
+flight beside them (at most one), which progresses at `--side-share` of the GPU's speed while
+decode steps run and at full speed while the loop has nothing to decode. Each caller speaks,
+waits for the reply, hears it in real time, and speaks again, calls starting staggered: the
+steady state `bench/reference_gpu.py --steady` measures on the GPU. It prints, per level,
+first audio p50/p95 and the share of replies a listener hears a gap in, and the token2wav
+batches per second and their mean size: what a policy change does to them, in seconds, before
+it costs GPU time. The GPU run decides; this says which runs are worth making.
 
     python bench/schedule_sim.py                       # 4, 8, 16, 24, 32 calls
-    python bench/schedule_sim.py --calls 16 --urgent 0.15 --chunk-blocks 1
+    python bench/schedule_sim.py --calls 16 --urgent 0.15 --chunk-blocks 1 --ramp-chunks 0
+    python bench/schedule_sim.py --ahead-chunks 1000   # no limit on how far talkers run ahead
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ class Costs:
     thinker: dict          # decode step
     talker: dict
     dit_eval: dict         # one DiT evaluation of 96-frame windows (CFG included)
-    vocoder: dict          # one batched vocoder chunk
+    vocoder: dict          # one batched vocoder chunk of 64 frames (longer ones in proportion)
     prefill_ms: float      # one reply's prompt (audio encoder, thinker, talker prompt part)
     host_ms: float         # the loop's own work per step
     host_ms_per_reply: float
@@ -77,12 +81,17 @@ class Costs:
             group = [frames for s, frames in windows if s == steps]
             per_eval = interpolate(self.dit_eval, len(group)) * max(1.0, max(group) / 96)
             ms += 4 * (steps - 1) * per_eval
-        return (ms + interpolate(self.vocoder, len(windows))) / 1000
+        longest = max(frames for _, frames in windows)
+        vocoder_frames = longest - 2 * 24 + 40  # the chunk (no look-back) and the vocoder's context
+        return (ms + interpolate(self.vocoder, len(windows)) * vocoder_frames / 64) / 1000
 
 
-COSTS = Costs(thinker={1: 5.3, 16: 8.9, 32: 12.5}, talker={1: 2.2, 16: 3.5, 32: 5.0},
-              dit_eval={1: 1.6, 16: 4.4, 32: 7.5}, vocoder={1: 4.0, 16: 8.0, 32: 14.0},
-              prefill_ms=40.0, host_ms=1.0, host_ms_per_reply=0.05)
+# bench/results/2026-12-02-h200-steady-run2a.log, "captured steps" (medians of 20 replays);
+# host time per step from the same run's loop lines at 16 calls
+COSTS = Costs(thinker={1: 5.1, 16: 5.3, 32: 5.4}, talker={1: 2.0, 16: 2.1, 32: 2.15},
+              dit_eval={1: 1.5, 4: 1.8, 8: 2.4, 16: 3.8, 32: 6.6},
+              vocoder={1: 9.7, 4: 21.2, 8: 37.8, 16: 74.3, 32: 144.1},
+              prefill_ms=45.0, host_ms=1.5, host_ms_per_reply=0.05)
 
 
 class SimReply:
@@ -106,8 +115,10 @@ class SimReply:
         self.gap = 0.0
 
     # the scheduler's view
-    def admit(self, slot, reused, talker_reused) -> None:
+    def admit(self, slot, reused, talker_reused, quick_start=False) -> None:
         self.slot, self.phase = slot, Phase.PREFILL
+        if quick_start:
+            self.audio.start_quickly()
 
     def kv_keys(self):
         return np.zeros(0, dtype=np.int64)
@@ -129,11 +140,15 @@ class SimReply:
         return self.codes_left == 0
 
     @property
+    def codes_ahead(self) -> tuple[int, int]:
+        return self.audio.codes_ahead(), self.audio.codes_for_next_chunk()
+
+    @property
     def waits_for_first_audio(self) -> bool:
         return self.first_audio_at is None
 
     def wants_token2wav(self) -> bool:
-        if self.phase is not Phase.DECODING:
+        if self.phase is not Phase.DECODING or self.audio.in_flight:
             return False
         return self.audio.ready() or (self.talker_finished and self.audio.has_rest())
 
@@ -144,7 +159,7 @@ class SimReply:
 
     @property
     def complete(self) -> bool:
-        return self.talker_finished and not self.audio.has_rest()
+        return self.talker_finished and not self.audio.has_rest() and not self.audio.in_flight
 
     # the simulation's
     def emit(self, window, now: float) -> None:
@@ -162,7 +177,8 @@ class SimReply:
 def simulate(calls: int, args, costs: Costs, plan: ChunkPlan) -> dict:
     scheduler = Scheduler(SlotTable(max(calls, 1)), prefill_chunk_tokens=512,
                           max_waiting=calls, max_queue_wait_s=60.0,
-                          playback_margin_s=args.margin, token2wav_interval_s=args.interval)
+                          playback_margin_s=args.margin, token2wav_interval_s=args.interval,
+                          quick_start_below=args.quick_start_below)
     rng = np.random.default_rng(0)
     next_turn = {call: args.stagger * call / max(calls - 1, 1) + args.speech_s
                  for call in range(calls)}
@@ -171,6 +187,8 @@ def simulate(calls: int, args, costs: Costs, plan: ChunkPlan) -> dict:
     now, runs, run_rows = 0.0, 0, 0
     busy = {"decode": 0.0, "token2wav": 0.0, "replies x s": 0.0}
     codes = int(args.reply_s * 50)
+    # the batch in flight: its parts in launch order, each (replies, windows, GPU seconds left)
+    in_flight: list[tuple[list[SimReply], list, float]] = []
     while now < args.duration:
         for call, at in list(next_turn.items()):
             if at <= now:
@@ -189,25 +207,40 @@ def simulate(calls: int, args, costs: Costs, plan: ChunkPlan) -> dict:
             if end == reply.prompt_tokens:
                 reply.phase = Phase.DECODING
         talkers = scheduler.talker_batch()
-        cost += costs.step(len(plan_.thinker), len(talkers))
+        if plan_.thinker or talkers:
+            cost += costs.step(len(plan_.thinker), len(talkers))
         for reply in plan_.thinker:
             reply.text_left -= 1
         for reply in talkers:
             reply.codes_left -= 1
             reply.audio.push(0)
-        now += cost
+        # the batch in flight runs beside the step (slower), or alone while the loop naps
+        share = args.side_share if cost else 1.0
+        elapsed = cost if cost else 0.001
+        if in_flight:
+            progress = elapsed * share
+            while in_flight and progress > 0:
+                replies, windows, left = in_flight[0]
+                used = min(left, progress)
+                progress -= used
+                busy["token2wav"] += used
+                if used < left:
+                    in_flight[0] = (replies, windows, left - used)
+                    break
+                in_flight.pop(0)  # its audio is out (partway through this step, taken at its end)
+                for reply, window in zip(replies, windows):
+                    reply.emit(window, now + elapsed)
+                if not in_flight:
+                    scheduler.token2wav_ran(now + elapsed)
+        now += elapsed
         busy["decode"] += cost
         busy["replies x s"] += cost * len(scheduler.running)
-        speaking = scheduler.token2wav_batch(now)
+        speaking = [] if in_flight else scheduler.token2wav_batch(now)
         if speaking:
-            for part in token2wav_parts(speaking):  # as the engine loop runs them
+            for part in token2wav_parts(speaking):  # as the engine loop launches them
                 windows = [r.audio.next_window(final=not r.audio.ready()) for r in part]
-                seconds = costs.token2wav([(w.steps, w.noise.shape[1]) for w in windows])
-                now += seconds
-                busy["token2wav"] += seconds
-                for reply, window in zip(part, windows):
-                    reply.emit(window, now)
-            scheduler.token2wav_ran(now)
+                in_flight.append((part, windows,
+                                  costs.token2wav([(w.steps, w.noise.shape[1]) for w in windows])))
             runs += 1
             run_rows += len(speaking)
         for reply in list(scheduler.running):
@@ -243,11 +276,17 @@ def main() -> None:
     parser.add_argument("--margin", type=float, default=0.5, help="playback_margin_s")
     parser.add_argument("--interval", type=float, default=0.25, help="token2wav_interval_s")
     parser.add_argument("--urgent", type=float, default=None, help="scheduler.URGENT_S")
+    parser.add_argument("--ahead-chunks", type=float, default=None, help="scheduler.AHEAD_CHUNKS")
+    parser.add_argument("--quick-start-below", type=int, default=3)
+    parser.add_argument("--side-share", type=float, default=0.5,
+                        help="how fast a token2wav batch runs beside decode steps (share of alone)")
     parser.add_argument("--chunk-blocks", type=int, default=2)
     parser.add_argument("--ramp-chunks", type=int, default=2)
     args = parser.parse_args()
     if args.urgent is not None:
         policy.URGENT_S = args.urgent
+    if args.ahead_chunks is not None:
+        policy.AHEAD_CHUNKS = args.ahead_chunks
     plan = ChunkPlan(first_chunk_blocks=1, chunk_blocks=args.chunk_blocks,
                      ramp_chunks=args.ramp_chunks, ode_steps=5, first_ode_steps=3)
     print(f"{'calls':>6} {'replies':>8} {'first p50':>10} {'first p95':>10} {'gapped':>7} "

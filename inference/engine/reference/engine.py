@@ -41,17 +41,20 @@ from .tiny import cache_root
 
 logger = logging.getLogger(__name__)
 
-# Chunk-plan defaults, the same on every device: later chunks with 5 ODE steps, the first (the
-# one a listener waits for) with 3, each with one block of look-ahead (transformers' offline
-# model runs 10 steps; fewer make rougher audio, see docs/reference-engine.md). Chunks are 0.24 s
-# on a GPU and 0.48 s on a CPU, where each window's fixed cost weighs more. Without the first
-# chunk's look-ahead (first_lookahead_blocks=0) audio starts ~150 ms sooner but a listener hears
-# a ~160 ms gap after the first 0.24 s, so gap-free is the default.
+# Chunk-plan defaults: later chunks with 5 ODE steps, the first (the one a listener waits for)
+# with 3, each with one block of look-ahead (transformers' offline model runs 10 steps; fewer
+# make rougher audio, see docs/reference-engine.md). The first chunk is one block (0.24 s);
+# later chunks two (0.48 s), since each window recomputes its look-back and look-ahead and the
+# vocoder its context: two-block chunks cost ~35 % less token2wav work per second of speech. On
+# a GPU the two chunks after the first stay one block while the listener's buffer builds up
+# (ramp_chunks); an H200 at 24 steady calls: first audio p95 0.78 -> 0.60 s, replies with a
+# gap 61 -> 41 % (docs/reference-engine.md, "Measured"). A CPU's steps are too slow to ramp.
 ODE_STEPS, FIRST_ODE_STEPS = 5, 3
+CHUNK_BLOCKS = 2
 
 
-def default_chunk_blocks(cuda: bool) -> int:
-    return 1 if cuda else 2
+def default_ramp_chunks(cuda: bool) -> int:
+    return 2 if cuda else 0
 
 
 MAX_SLOTS = 64
@@ -159,11 +162,12 @@ class ReferenceEngine(OmniEngine):
         is faster and rougher).
       first_chunk_blocks, chunk_blocks: audio chunk sizes in DiT blocks of 24 mel frames
         (0.24 s, 12 talker codes); the first chunk is small so audio starts early (defaults
-        1, and 2 on cpu / 1 on cuda).
+        1 and 2).
       ramp_chunks: chunks after the first that are first_chunk_blocks long before chunks grow
-        to chunk_blocks (default 0), so a listener's buffer builds up before a chunk needs
-        chunk_blocks × 12 codes more to exist. Larger chunks cost fewer DiT windows per
-        second of speech (each window recomputes its look-back and look-ahead).
+        to chunk_blocks (default 2 on cuda, 0 on cpu), so a listener's buffer builds up
+        before a chunk needs chunk_blocks × 12 codes more to exist. Larger chunks cost fewer
+        DiT windows per second of speech (each window recomputes its look-back and
+        look-ahead) and less vocoder context.
       lookahead_blocks, lookback_blocks: DiT context around each chunk (defaults 1 and 2).
       first_lookahead_blocks, first_ode_steps: the same for the first chunk only (defaults:
         as lookahead_blocks, and 3). The first chunk waits for
@@ -218,7 +222,7 @@ class ReferenceEngine(OmniEngine):
                  ode_steps: int | None = None, first_chunk_blocks: int = 1,
                  chunk_blocks: int | None = None, lookahead_blocks: int = 1,
                  lookback_blocks: int = 2, first_lookahead_blocks: int | None = None,
-                 first_ode_steps: int | None = None, ramp_chunks: int = 0,
+                 first_ode_steps: int | None = None, ramp_chunks: int | None = None,
                  quick_start_below: int | None = None,
                  cuda_graphs: bool | None = None,
                  compile: bool | None = None, compile_cache_dir: str | None = None,
@@ -258,7 +262,8 @@ class ReferenceEngine(OmniEngine):
         self.encoder_cache_bytes = encoder_cache_mb << 20
         ode_steps = ODE_STEPS if ode_steps is None else ode_steps
         first_ode_steps = FIRST_ODE_STEPS if first_ode_steps is None else first_ode_steps
-        chunk_blocks = default_chunk_blocks(cuda) if chunk_blocks is None else chunk_blocks
+        chunk_blocks = CHUNK_BLOCKS if chunk_blocks is None else chunk_blocks
+        ramp_chunks = default_ramp_chunks(cuda) if ramp_chunks is None else ramp_chunks
         self.settings = GenerationSettings(
             max_new_tokens=max_new_tokens, max_audio_seconds=max_audio_seconds,
             min_audio_seconds=min_audio_seconds, talker_sampling=TALKER_SAMPLING,

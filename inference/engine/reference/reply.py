@@ -192,6 +192,13 @@ class Reply:
         return self.phase is Phase.DECODING and self.talker is not None and self.talker.wants_step
 
     @property
+    def codes_ahead(self) -> tuple[int, int]:
+        """(codes the talker has made that are not audio yet, codes the next chunk needs)."""
+        if self.audio is None:
+            return 0, 1
+        return self.audio.codes_ahead(), self.audio.codes_for_next_chunk()
+
+    @property
     def waits_for_first_audio(self) -> bool:
         """A spoken reply whose listener has heard nothing yet (and may still hear something)."""
         return self.talker is not None and self.first_audio_at is None and not self.talker_finished

@@ -7,7 +7,11 @@ The loop asks three questions per step, in this order, and runs the answers:
    per step, so running replies keep decoding while a long prompt goes in), and which replies
    take a thinker decode step (all that have a token to feed: one batch).
 2. `talker_batch()`: which replies take a talker step (all whose reply stream has an element
-   for it, or that keep talking after the text: one batch).
+   for it, or that keep talking after the text: one batch), but for a talker that is already
+   `AHEAD_CHUNKS` chunks' worth of codes ahead of its audio: it waits for token2wav. Codes
+   far ahead of the audio help no listener, and on a busy GPU their decode steps would take
+   the device from the token2wav batches that make the audio (which run beside the decode
+   steps at a lower priority): this keeps decoding and audio in step under any load.
 3. `token2wav_batch(now)`: whose audio chunks are made now. This is where the scheduler is a
    *realtime* one: each reply has a playback clock (audio sent vs. wall time since its first
    packet). A DiT window costs about as much for one reply as for sixteen, so chunks are made
@@ -45,6 +49,9 @@ from ..exceptions import EngineOverloaded
 from .prompt import common_prefix
 from .reply import Phase, Reply
 
+
+# a talker this many chunks (codes and look-ahead) ahead of its audio waits for token2wav
+AHEAD_CHUNKS = 2
 
 # a listener with less audio than this left (but some) gets its chunk now, whatever the
 # interval: about what one batch of DiT windows and vocoder chunks takes on a GPU, with room
@@ -177,7 +184,7 @@ class Scheduler:
         return plan
 
     def talker_batch(self) -> list[Reply]:
-        return [r for r in self.running if r.wants_talker_step]
+        return [r for r in self.running if r.wants_talker_step and not self._far_ahead(r)]
 
     def token2wav_batch(self, now: float) -> list[Reply]:
         ready = [r for r in self.running if r.wants_token2wav()]
@@ -212,6 +219,11 @@ class Scheduler:
             reply.admit(slot, reused, talker_reused,
                         quick_start=not reply.background and others < self.quick_start_below)
             self.running.append(reply)
+
+    @staticmethod
+    def _far_ahead(reply: Reply) -> bool:
+        ahead, next_chunk = reply.codes_ahead
+        return ahead >= AHEAD_CHUNKS * next_chunk
 
     @staticmethod
     def _reusable(reply: Reply, prefix: CachedPrefix | None) -> tuple[int, int]:

@@ -170,6 +170,16 @@ class StreamingToken2Wav:
         end = self.next_frame + self.plan.chunk_frames(self.chunks, self.block)
         return self.frames >= end + self.plan.lookahead_frames(self.chunks, self.block)
 
+    def codes_ahead(self) -> int:
+        """Codes pushed that are not audio yet (not in a chunk made or in flight)."""
+        return (self.frames - self.next_frame) // self.shape.repeats
+
+    def codes_for_next_chunk(self) -> int:
+        """Codes the next chunk needs beyond the audio made: its own and its look-ahead."""
+        frames = (self.plan.chunk_frames(self.chunks, self.block)
+                  + self.plan.lookahead_frames(self.chunks, self.block))
+        return frames // self.shape.repeats
+
     def has_rest(self) -> bool:
         """Codes not yet turned into audio (for the flush once the codes are complete)."""
         return self.next_frame < self.frames

@@ -589,6 +589,8 @@ def test_chunks_ramp_up_to_their_size_and_graphs_cover_every_window():
             stream.take_audio(torch.zeros(240 * 200))
     assert seen[:5] == [(3, 48), (5, 72), (5, 96), (5, 120), (5, 120)]
     rest = stream.frames - stream.next_frame
+    # what the scheduler's talker limit reads: codes not yet audio, and a 2-block chunk's needs
+    assert stream.codes_ahead() == rest // 2 and stream.codes_for_next_chunk() == 24 + 12
     final = stream.next_window(final=True)
     assert final.noise.shape[1] <= max(plan.windows(24)[final.steps])
     # its vocoder input is as long as a steady chunk's (a captured graph's), more on the left
@@ -1026,6 +1028,24 @@ async def test_a_quick_start_makes_the_first_chunk_from_half_the_codes(greedy):
     finally:
         quick.loaded = None
         await quick.close()
+
+
+def test_a_talker_far_ahead_of_its_audio_waits_for_token2wav():
+    """A talker two chunks' worth of codes ahead of its audio takes no step until token2wav has
+    made audio of them; one less ahead, and a reply without speech, step as usual."""
+    from inference.engine.reference.scheduler import AHEAD_CHUNKS, Scheduler, SlotTable
+
+    class Stub:
+        def __init__(self, ahead, next_chunk=24):
+            self.wants_talker_step, self.codes_ahead = True, (ahead, next_chunk)
+
+    scheduler = Scheduler(SlotTable(4), prefill_chunk_tokens=8, max_waiting=4,
+                          max_queue_wait_s=1, playback_margin_s=0.5)
+    far, near, fresh = Stub(AHEAD_CHUNKS * 24), Stub(AHEAD_CHUNKS * 24 - 1), Stub(0)
+    scheduler.running.extend([far, near, fresh])
+    assert scheduler.talker_batch() == [near, fresh]
+    far.codes_ahead = (AHEAD_CHUNKS * 24 - 12, 24)  # a chunk of it is audio now
+    assert scheduler.talker_batch() == [far, near, fresh]
 
 
 def test_a_quiet_engine_starts_replies_quickly_a_busy_one_keeps_the_look_ahead():
