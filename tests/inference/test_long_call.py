@@ -8,6 +8,8 @@ context (turn 9 used to fail for good with `context_length_exceeded`).
 
 from __future__ import annotations
 
+import statistics
+
 import psutil
 import pytest
 
@@ -17,7 +19,9 @@ from tests.support.spoken_turns import openai_like_client, spoken_turn
 SMALL_CONTEXT = 1024  # a few turns fill it: the tests with a chosen truncation stay short
 # Memory a 40-turn call may add to the worker beyond its first 10 turns (measured on the 2-core VM,
 # 2026-12-01: 38-41 MB, all of it while the prompt still grows), and once the context is full
-# (measured: none). A per-turn leak of a prompt, its features or its reply's audio shows in these.
+# (the median of turns 37-40 against that of the four turns at the ceiling; 2026-12-02 with torch
+# 2.15: +5 MB, the conversation's own audio adds ~0.5 MB a turn). A per-turn leak of a prompt,
+# its features or its reply's audio shows in these.
 RSS_GROWTH_LIMIT_MB = 64
 RSS_CEILING_GROWTH_LIMIT_MB = 12
 ANSWERED = ("completed", "incomplete")  # a reply, whole or at its length limit; not "failed"
@@ -60,15 +64,19 @@ async def test_forty_turns_on_the_defaults_all_answered_with_flat_memory(default
     assert max(inputs) <= 4096 - 48  # the context, with room for tiny-random's 48-token reply
     assert inputs[-1] > 4096 - 48 - 400  # "auto" leaves out only what does not fit
     # Memory grows with the prompt (the engine's buffers), then stays flat once the context is
-    # full: from two turns after the first cut on, the prompt's size no longer changes.
+    # full: from two turns after the first cut on, the prompt's size no longer changes. RSS read
+    # after a turn swings by ±15 MB (what the allocators keep of that turn's buffers), so the
+    # comparison is between medians of four turns: right at the ceiling, and the last four.
     first_cut = next(turn for turn, start in enumerate(starts, 1) if start != starts[0])
     at_ceiling = first_cut + 2
-    assert 40 - at_ceiling >= 5, first_cut
+    assert 40 - at_ceiling >= 7, first_cut
     print(f"\nworker RSS by turn (MB): {' '.join(f'{rss_mb[t]:.0f}' for t in sorted(rss_mb))}; input tokens at "
           f"turn 1 {inputs[0]}, 20 {inputs[19]}, 40 {inputs[-1]}; the first items left the context at turn "
           f"{first_cut}")
     assert rss_mb[40] - rss_mb[10] < RSS_GROWTH_LIMIT_MB
-    assert rss_mb[40] - rss_mb[at_ceiling] < RSS_CEILING_GROWTH_LIMIT_MB
+    at_ceiling_mb = statistics.median(rss_mb[turn] for turn in range(at_ceiling, at_ceiling + 4))
+    last_mb = statistics.median(rss_mb[turn] for turn in range(37, 41))
+    assert last_mb - at_ceiling_mb < RSS_CEILING_GROWTH_LIMIT_MB
 
 
 async def test_a_retention_ratio_cuts_once_then_the_prefix_cache_serves_the_next_turns(small_context_worker):
