@@ -184,6 +184,7 @@ class EngineCore:
         if speaking:
             worked = True
             self._launch_token2wav(speaking)
+            self._collect_audio()  # at once where it is (a CPU's is), not a step later
         for reply in list(scheduler.running):
             if reply.phase is Phase.DECODING and reply.complete:
                 scheduler.remove(reply)  # before its consumer hears it is done
