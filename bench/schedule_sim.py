@@ -81,8 +81,9 @@ class Costs:
             group = [frames for s, frames in windows if s == steps]
             per_eval = interpolate(self.dit_eval, len(group)) * max(1.0, max(group) / 96)
             ms += 4 * (steps - 1) * per_eval
-        longest = max(frames for _, frames in windows)
-        vocoder_frames = longest - 2 * 24 + 40  # the chunk (no look-back) and the vocoder's context
+        # the vocoder's input: the chunk and 20 frames of context each side, i.e. the window
+        # without its 2 blocks of look-back and 1 of look-ahead, plus 40 (a first chunk: 44)
+        vocoder_frames = max(max(frames for _, frames in windows) - 32, 44)
         return (ms + interpolate(self.vocoder, len(windows)) * vocoder_frames / 64) / 1000
 
 
