@@ -11,7 +11,8 @@ gateway's).
 token2wav is asynchronous: a batch of chunks is launched on token2wav's own CUDA stream
 (token2wav_runner.py) and the loop goes on with decode steps; each step collects whatever
 audio has arrived on the host. One batch is in flight at a time, and a reply with a chunk in
-flight waits for it before its next one.
+flight waits for it before its next one; a batch out for longer than TOKEN2WAV_STALL_S is
+being starved by the decode steps, and the loop waits for it before its next step.
 
 A failure inside one reply's own work (its prefill, its talker's start, its sampling) fails
 that reply only; a failure inside a batched step fails the replies of that batch. Either way
@@ -41,6 +42,10 @@ T = TypeVar("T")
 
 # how long the loop naps when replies are running but nothing could be done this step
 NAP_S = 0.001
+# a token2wav batch out longer than this holds the decode steps until its audio is out (on
+# an H200 a batch for 16 calls is out in ~0.12 s beside the decode steps; one out for this
+# long is being starved by them, and listeners need audio more than codes)
+TOKEN2WAV_STALL_S = 0.5
 
 
 class EngineCore:
@@ -140,6 +145,9 @@ class EngineCore:
         is due. Returns whether anything was done."""
         runner, scheduler = self.runner, self.scheduler
         started = time.monotonic()
+        if self.in_flight and started - self._token2wav_launched > TOKEN2WAV_STALL_S:
+            starved, pending = self.in_flight[0]
+            self._guard(starved, pending.wait)  # collected below, with what came with it
         plan = scheduler.schedule()
         worked = False
         for reply, start, end in plan.prefill:

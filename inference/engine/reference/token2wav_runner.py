@@ -204,10 +204,14 @@ class PendingWaves:
     def ready(self) -> bool:
         return self.done is None or self.done.query()
 
-    def waves(self) -> list[torch.Tensor]:
-        """Audio samples (1-D, on the CPU) of each mel, in the order `vocode` was given them."""
+    def wait(self) -> None:
+        """Block until the audio is on the host."""
         if self.done is not None:
             self.done.synchronize()
+
+    def waves(self) -> list[torch.Tensor]:
+        """Audio samples (1-D, on the CPU) of each mel, in the order `vocode` was given them."""
+        self.wait()
         return [self.host[start:end] for start, end in self.spans]
 
 

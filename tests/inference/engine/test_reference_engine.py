@@ -701,6 +701,9 @@ async def test_decoding_goes_on_while_audio_is_in_flight(greedy, codes_by_reques
             steps_in_flight.append(core.stats.steps - self.launched_at)
             return True
 
+        def wait(self) -> None:  # out too long (a slow machine): the loop waits for it
+            self.polls = 4
+
         def waves(self):
             return self.pending.waves()
 
@@ -718,6 +721,43 @@ async def test_decoding_goes_on_while_audio_is_in_flight(greedy, codes_by_reques
         assert isinstance(deltas[-1], Finished)
         assert_same_reply(outcome(deltas, codes_by_request[f"held-back-{i}"]), alone[i])
     assert steps_in_flight and max(steps_in_flight) >= 2  # decode steps ran while audio was out
+
+
+@asyncio_module
+async def test_a_starved_token2wav_batch_holds_the_decode_steps(greedy, codes_by_request, monkeypatch):
+    """A batch whose audio has been out longer than TOKEN2WAV_STALL_S (0 here) is waited for
+    before the next decode step, so decode steps cannot starve token2wav. Here a batch's audio
+    comes only when waited for: no decode step runs while one is out (but the step that
+    launched it), and every reply is the one it is alone."""
+    from inference.engine.reference import core as loop
+
+    core = greedy.core
+    vocode = greedy.runner.token2wav.vocode
+    steps_while_out = []
+
+    class Starved:
+        def __init__(self, pending):
+            self.pending, self.launched_at, self.waited = pending, core.stats.steps, False
+
+        def ready(self) -> bool:
+            return self.waited
+
+        def wait(self) -> None:
+            self.waited = True
+            steps_while_out.append(core.stats.steps - self.launched_at)
+
+        def waves(self):
+            return self.pending.waves()
+
+    requests = turns(seed=80)[:3]
+    alone = await each_alone(greedy, requests, "fed", codes_by_request)
+    monkeypatch.setattr(loop, "TOKEN2WAV_STALL_S", 0.0)
+    monkeypatch.setattr(greedy.runner.token2wav, "vocode", lambda mels: Starved(vocode(mels)))
+    tagged(requests, "starved")
+    results = await asyncio.gather(*(collect(greedy, req) for req in requests))
+    for i, deltas in enumerate(results):
+        assert_same_reply(outcome(deltas, codes_by_request[f"starved-{i}"]), alone[i])
+    assert steps_while_out and max(steps_while_out) <= 1
 
 
 @asyncio_module
