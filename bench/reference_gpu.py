@@ -7,8 +7,8 @@ cache at work). On a CPU, `--tiny` runs the same path on tiny-random.
 
     python bench/reference_gpu.py                        # GPU: 1, 4, 8, 16, 32, 64 sessions + 40 turns
     python bench/reference_gpu.py --sessions 1,16 --conversation 0
-    python bench/reference_gpu.py --check --variants default,latency-first
-    python bench/reference_gpu.py --sessions 1 --conversation 0 --steady 4,8,16,24,32
+    python bench/reference_gpu.py --check --sessions none --conversation 0   # the check alone
+    python bench/reference_gpu.py --sessions 1 --repeats 3 --steady 16,24,32 --conversation 30
     python bench/reference_gpu.py --tiny                 # CPU: 1 and 4 sessions, 10 turns
 
 Per level it prints first audio p50/p95, the silence a listener playing each packet on
@@ -25,7 +25,10 @@ at work). Per level: first audio p50/p95, the share of replies whose listener he
 0.1 s of silence after the first packet (and that silence's p50), and what the engine loop
 did (decode step and token2wav run times, batch sizes); then one closing line,
 `calls per GPU (steady, gap-free): N`, the largest level with first audio p95 ≤ 0.6 s and at
-most 5 % of replies with silence.
+most 5 % of replies with silence. A level still running after STEADY_LEVEL_LIMIT × its time is
+cut, reported as past capacity, and the higher levels are skipped. `--variant-steady` runs
+steady levels for the variants after the first; `--py-spy-level N` samples the process with
+py-spy for 10 s at level N (where the engine loop's host time goes).
 
 `--profile-steps` times every captured CUDA graph once the engine is up (decode steps per
 batch bucket, ODE solves per (steps, batch, frames), vocoder chunks), in milliseconds: what
