@@ -146,21 +146,30 @@ class StreamingToken2Wav:
         self.first_chunk_codes = 0   # codes there were when the first chunk was decoded
         # settled mel of the chunks so far (as much as a steady vocoder input can use on its left)
         self.settled_mel = torch.empty((1, shape.mel_dim, 0), device=device)
-        self.steady_vocoder_frames = max(plan.vocoder_lengths(shape.block))
-        self.in_flight = False       # a chunk is between next_window() and take_audio()
-        self._pending: tuple[int, int, int, bool] | None = None  # its frames, and if it is the last
-        self._emit: tuple[int, int] | None = None               # its samples in the wave
+        # the chunk in flight: its frames and whether it is the last (next_window →
+        # vocoder_input), then its samples in the wave (vocoder_input → take_audio)
+        self._pending: tuple[int, int, int, bool] | None = None
+        self._emit: tuple[int, int] | None = None
 
     @property
     def frames(self) -> int:
         return len(self.codes) * self.shape.repeats
+
+    @property
+    def in_flight(self) -> bool:
+        """A chunk is between next_window() and take_audio()."""
+        return self._pending is not None or self._emit is not None
+
+    @property
+    def steady_vocoder_frames(self) -> int:
+        """The longest vocoder input of the plan (a steady chunk's)."""
+        return max(self.plan.vocoder_lengths(self.block))
 
     def start_quickly(self) -> None:
         """Make the first chunk without look-ahead (`ChunkPlan.quick_start`); only before it."""
         if self.chunks or self.in_flight:
             raise RuntimeError("the first chunk is already under way")
         self.plan = self.plan.quick_start()
-        self.steady_vocoder_frames = max(self.plan.vocoder_lengths(self.shape.block))
 
     def push(self, code: int) -> None:
         self.codes.append(code)
@@ -196,7 +205,6 @@ class StreamingToken2Wav:
             self.clock.mark("first_codes")
             self.first_chunk_codes = len(self.codes)
         start = self.next_frame
-        self.in_flight = True
         window_start = max(start - self.plan.lookback_blocks * self.block, 0)
         self._grow_noise(window_end)
         repeats = self.shape.repeats
@@ -215,15 +223,16 @@ class StreamingToken2Wav:
             self.clock.mark("first_mel")
         chunk = mel[:, :, start - window_start:end - window_start]
         lookahead = mel[:, :, end - window_start:end - window_start + self.plan.vocoder_context]
+        steady = self.steady_vocoder_frames
         left = self.plan.vocoder_context
         if final:  # no look-ahead: more on the left, to a steady chunk's input length
-            left = max(left, self.steady_vocoder_frames - chunk.shape[2])
+            left = max(left, steady - chunk.shape[2])
         left = min(left, self.settled_mel.shape[2])
         vocoder_mel = torch.cat([self.settled_mel[:, :, self.settled_mel.shape[2] - left:], chunk,
                                  lookahead], dim=2)
         per_frame = self.shape.samples_per_frame
         self._emit = (left * per_frame, (left + chunk.shape[2]) * per_frame)
-        self.settled_mel = torch.cat([self.settled_mel, chunk], dim=2)[:, :, -self.steady_vocoder_frames:]
+        self.settled_mel = torch.cat([self.settled_mel, chunk], dim=2)[:, :, -steady:]
         self.next_frame = end
         return vocoder_mel
 
@@ -234,7 +243,6 @@ class StreamingToken2Wav:
         if self.chunks == 0:
             self.clock.mark("first_wave")
         self.chunks += 1
-        self.in_flight = False
         return wave[begin:end].float().numpy()
 
     def _grow_noise(self, frames: int) -> None:
