@@ -26,7 +26,9 @@ at work). Per level: first audio p50/p95, the share of replies whose listener he
 did (decode step and token2wav run times, batch sizes); then one closing line,
 `calls per GPU (steady, gap-free): N`, the largest level with first audio p95 ≤ 0.6 s and at
 most 5 % of replies with silence. A level still running after STEADY_LEVEL_LIMIT × its time is
-cut, reported as past capacity, and the higher levels are skipped. `--variant-steady` runs
+cut, reported as past capacity, and the higher levels are skipped; a level whose engine loop
+makes no step for 5 s while replies run prints a stall report (each reply's state as the
+scheduler sees it, and a py-spy dump of the process's threads). `--variant-steady` runs
 steady levels for the variants after the first; `--py-spy-level N` samples the process with
 py-spy for 10 s at level N (where the engine loop's host time goes).
 
@@ -60,7 +62,9 @@ import logging
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -392,6 +396,7 @@ async def run_steady(engine: ReferenceEngine, levels: list[int], args) -> None:
             asyncio.get_running_loop().create_task(record_py_spy(args))
         results: list[dict] = []
         limit = STEADY_LEVEL_LIMIT * args.steady_seconds + args.stagger
+        watchdog = StallWatchdog(engine)
         try:
             await asyncio.wait_for(asyncio.gather(*(
                 steady_caller(engine, calls, index, started, args, results) for index in range(calls))),
@@ -399,6 +404,7 @@ async def run_steady(engine: ReferenceEngine, levels: list[int], args) -> None:
             finished = True
         except asyncio.TimeoutError:  # the callers' replies are cancelled: the engine drops them
             finished = False
+        watchdog.stop()
         wall = time.monotonic() - started
         firsts = [r["first_audio_s"] for r in results]
         gapped = [r["stall_s"] for r in results if r["stall_s"] > GAP_S]
@@ -416,6 +422,54 @@ async def run_steady(engine: ReferenceEngine, levels: list[int], args) -> None:
         if p95 <= STEADY_FIRST_AUDIO_S and share <= STEADY_GAPPED:
             best = max(best, calls)
     print(f"calls per GPU (steady, gap-free): {best}", flush=True)
+
+
+class StallWatchdog:
+    """A thread that watches the engine loop during a level: when it makes no step for
+    `after_s` while replies are running (the loop is blocked, or nothing is ever due), it
+    prints, once, every running reply's state as the scheduler sees it and a py-spy dump of
+    this process's threads (where the loop thread is, if it is blocked)."""
+
+    def __init__(self, engine: ReferenceEngine, after_s: float = 5.0) -> None:
+        self.engine = engine
+        self.after_s = after_s
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True, name="stall-watchdog")
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _watch(self) -> None:
+        core = self.engine.core
+        steps, since = core.stats.steps, time.monotonic()
+        while not self._stopped.wait(0.5):
+            now = time.monotonic()
+            if core.stats.steps != steps or not core.scheduler.running:
+                steps, since = core.stats.steps, now
+            elif now - since > self.after_s:
+                self._report(now - since)
+                return
+
+    def _report(self, idle_s: float) -> None:
+        core, now = self.engine.core, time.monotonic()
+        print(f"       STALL: no loop step for {idle_s:.1f} s with {len(core.scheduler.running)} "
+              f"replies running, {len(core.scheduler.waiting)} waiting; token2wav parts in flight "
+              f"{[(len(part), pending.ready()) for part, pending in core.in_flight]}, launched "
+              f"{now - core._token2wav_launched:.1f} s ago", flush=True)
+        for reply in core.scheduler.running:
+            audio = reply.audio
+            print(f"         {reply.phase.name:<9} thinker {reply.wants_thinker_step!s:<5} "
+                  f"talker {reply.wants_talker_step!s:<5} ahead/next {reply.codes_ahead} "
+                  f"token2wav {reply.wants_token2wav()!s:<5} in flight "
+                  f"{audio.in_flight if audio else None!s:<5} finished {reply.talker_finished!s:<5} "
+                  f"slack {reply.playback_slack(now):.2f} s", flush=True)
+        try:
+            dump = subprocess.run(["py-spy", "dump", "--pid", str(os.getpid())], capture_output=True,
+                                  text=True, timeout=30)
+            print(dump.stdout[-6000:] + dump.stderr[-500:], flush=True)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            print(f"         py-spy dump: {error}", flush=True)
 
 
 async def record_py_spy(args, seconds: int = 10) -> None:

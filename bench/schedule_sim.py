@@ -179,7 +179,8 @@ def simulate(calls: int, args, costs: Costs, plan: ChunkPlan) -> dict:
     scheduler = Scheduler(SlotTable(max(calls, 1)), prefill_chunk_tokens=512,
                           max_waiting=calls, max_queue_wait_s=60.0,
                           playback_margin_s=args.margin, token2wav_interval_s=args.interval,
-                          quick_start_below=args.quick_start_below)
+                          quick_start_below=args.quick_start_below,
+                          ahead_chunks=args.ahead_chunks)
     rng = np.random.default_rng(0)
     next_turn = {call: args.stagger * call / max(calls - 1, 1) + args.speech_s
                  for call in range(calls)}
@@ -277,7 +278,8 @@ def main() -> None:
     parser.add_argument("--margin", type=float, default=0.5, help="playback_margin_s")
     parser.add_argument("--interval", type=float, default=0.25, help="token2wav_interval_s")
     parser.add_argument("--urgent", type=float, default=None, help="scheduler.URGENT_S")
-    parser.add_argument("--ahead-chunks", type=float, default=None, help="scheduler.AHEAD_CHUNKS")
+    parser.add_argument("--ahead-chunks", type=int, default=policy.AHEAD_CHUNKS,
+                        help="the engine's talker_ahead_chunks (0: no limit)")
     parser.add_argument("--quick-start-below", type=int, default=3)
     parser.add_argument("--side-share", type=float, default=0.5,
                         help="how fast a token2wav batch runs beside decode steps (share of alone)")
@@ -286,8 +288,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.urgent is not None:
         policy.URGENT_S = args.urgent
-    if args.ahead_chunks is not None:
-        policy.AHEAD_CHUNKS = args.ahead_chunks
     plan = ChunkPlan(first_chunk_blocks=1, chunk_blocks=args.chunk_blocks,
                      ramp_chunks=args.ramp_chunks, ode_steps=5, first_ode_steps=3)
     print(f"{'calls':>6} {'replies':>8} {'first p50':>10} {'first p95':>10} {'gapped':>7} "

@@ -10,7 +10,13 @@ a step's kernels with one launch. The rules that make this correct:
   the next replay, so a caller uses or copies them first;
 - no host synchronisation inside (no `.item()`, `.tolist()`, `.cpu()`, tensors built from
   Python data on the device);
-- a graph is replayed by one thread at a time: the engine loop's.
+- a graph is replayed by one thread at a time: the engine loop's;
+- graphs that may run at the same time (on different streams: the decode steps and
+  token2wav) are captured on different capture streams. cuBLAS keeps one workspace per
+  stream, and the captured kernels keep the capture stream's: two graphs of one capture
+  stream replayed at once share it, and cuBLAS's cooperative kernels, which keep counters
+  there, then corrupt each other's results or spin forever (seen on an H200 at 24 calls:
+  both streams hung in one such kernel).
 
 Batched steps are captured once per batch-size bucket (1, 2, 4, 8, …): a batch of 5 replays
 the graph for 8 with three padding rows.
@@ -29,19 +35,22 @@ logger = logging.getLogger(__name__)
 
 class CapturedStep:
     """`pool`: a memory pool shared with other graphs (torch.cuda.graph_pool_handle()); safe
-    because the engine loop replays one graph at a time and copies its outputs out first."""
+    because the engine loop replays them one at a time and copies their outputs out first.
+    `stream`: the capture stream (None: torch's default one); graphs that may be replayed at
+    the same time as others need one of their own (see the module doc)."""
 
-    def __init__(self, function: Callable[[], object], pool=None) -> None:
+    def __init__(self, function: Callable[[], object], pool=None,
+                 stream: torch.cuda.Stream | None = None) -> None:
         self.function = function
-        # one eager run first, on a side stream as capture requires: lazy initialisation
-        # (cuBLAS workspaces, cached tables) must not happen inside the capture
-        side = torch.cuda.Stream()
+        # one eager run first, on the capture stream (or a side stream) as capture requires:
+        # lazy initialisation (cuBLAS workspaces, cached tables) must not happen inside it
+        side = stream or torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             function()
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        with torch.cuda.graph(self.graph, pool=pool, stream=stream):
             self.outputs = function()
         torch.cuda.synchronize()
 

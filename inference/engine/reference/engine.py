@@ -34,7 +34,7 @@ from .prompt import Prompt, build_prompt, template_tools
 from .reply import GenerationSettings, PreparedPrompt, Reply, max_new_tokens
 from .runner import ModelRunner
 from .sampling import TALKER_SAMPLING, SamplingParams
-from .scheduler import Scheduler, SlotTable
+from .scheduler import AHEAD_CHUNKS, Scheduler, SlotTable
 from .token2wav_stream import ChunkPlan
 from .talker import codes_per_second, max_codes_for
 from .tiny import cache_root
@@ -180,6 +180,8 @@ class ReferenceEngine(OmniEngine):
         stays (default 3 on cuda, where an H200 measured 0.18 s to first audio with no gap at
         one session and a gap in half the replies at 16 calls without this rule; 0 on cpu,
         whose steps are too slow for it).
+      talker_ahead_chunks: a talker this many chunks' worth of codes ahead of its audio waits
+        for token2wav (default 2; 0: no limit). See scheduler.py.
       cuda_graphs: capture the thinker's and talker's decode steps per batch-size bucket,
         prompt chunks per (length bucket, attention window), the token2wav ODE and the
         vocoder per batch bucket, at start-up (default True on cuda; cuda only).
@@ -223,7 +225,7 @@ class ReferenceEngine(OmniEngine):
                  chunk_blocks: int | None = None, lookahead_blocks: int = 1,
                  lookback_blocks: int = 2, first_lookahead_blocks: int | None = None,
                  first_ode_steps: int | None = None, ramp_chunks: int | None = None,
-                 quick_start_below: int | None = None,
+                 quick_start_below: int | None = None, talker_ahead_chunks: int = AHEAD_CHUNKS,
                  cuda_graphs: bool | None = None,
                  compile: bool | None = None, compile_cache_dir: str | None = None,
                  seed: int | None = None, torch_threads: int | None = None,
@@ -258,6 +260,9 @@ class ReferenceEngine(OmniEngine):
         self.playback_margin_s = playback_margin_s
         self.token2wav_interval_s = token2wav_interval_s
         self.quick_start_below = (3 if cuda else 0) if quick_start_below is None else quick_start_below
+        if talker_ahead_chunks < 0:
+            raise ValueError("talker_ahead_chunks cannot be negative")
+        self.talker_ahead_chunks = talker_ahead_chunks
         self.token2wav_dtype = resolve_dtype(token2wav_dtype, self.device)
         self.encoder_cache_bytes = encoder_cache_mb << 20
         ode_steps = ODE_STEPS if ode_steps is None else ode_steps
@@ -324,7 +329,7 @@ class ReferenceEngine(OmniEngine):
             SlotTable(slots), prefill_chunk_tokens=self.prefill_chunk_tokens,
             max_waiting=self.max_waiting or slots, max_queue_wait_s=self.max_queue_wait_s,
             playback_margin_s=self.playback_margin_s, token2wav_interval_s=self.token2wav_interval_s,
-            quick_start_below=self.quick_start_below)
+            quick_start_below=self.quick_start_below, ahead_chunks=self.talker_ahead_chunks)
         with torch.inference_mode():
             embed = model.thinker.get_input_embeddings()
             speaker_bos = {name: embed(torch.tensor([[int(model.speaker_map[name]["bos_token"])]],

@@ -124,8 +124,10 @@ class StepPlan:
 class Scheduler:
     def __init__(self, slots: SlotTable, *, prefill_chunk_tokens: int, max_waiting: int,
                  max_queue_wait_s: float, playback_margin_s: float,
-                 token2wav_interval_s: float = 0.0, quick_start_below: int = 0) -> None:
+                 token2wav_interval_s: float = 0.0, quick_start_below: int = 0,
+                 ahead_chunks: int = AHEAD_CHUNKS) -> None:
         self.slots = slots
+        self.ahead_chunks = ahead_chunks  # 0: talkers run ahead without limit
         self.quick_start_below = quick_start_below
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.max_waiting = max_waiting
@@ -220,10 +222,9 @@ class Scheduler:
                         quick_start=not reply.background and others < self.quick_start_below)
             self.running.append(reply)
 
-    @staticmethod
-    def _far_ahead(reply: Reply) -> bool:
+    def _far_ahead(self, reply: Reply) -> bool:
         ahead, next_chunk = reply.codes_ahead
-        return ahead >= AHEAD_CHUNKS * next_chunk
+        return bool(self.ahead_chunks) and ahead >= self.ahead_chunks * next_chunk
 
     @staticmethod
     def _reusable(reply: Reply, prefix: CachedPrefix | None) -> tuple[int, int]:

@@ -76,6 +76,8 @@ class Token2WavRunner:
         self.device = device
         # default priority: lower than the engine loop's stream (ModelRunner.stream)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # its graphs' capture stream: not the decode steps' (cuda_graphs.py says why)
+        self.capture_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.shape = Token2WavShape(
             block=self.dit.block_size, repeats=self.dit.repeats,
             samples_per_frame=int(np.prod(self.vocoder.config.upsample_rates)),
@@ -234,7 +236,7 @@ class _WindowOde:
         self.encoding = runner.speaker_encoding[self.speaker_rows]
         self.times = ode_times(steps, runner.plan.sway_coefficient, device)
         self.evaluate = runner.evaluate_compiled if capture else runner.evaluate
-        self.step = CapturedStep(self._solve) if capture else None
+        self.step = CapturedStep(self._solve, stream=runner.capture_stream) if capture else None
 
     def __call__(self, windows: list[MelWindow]) -> list[torch.Tensor]:
         """Mel (1, mel_dim, frames) of each window, views of one copy of the batch's output."""
@@ -271,7 +273,8 @@ class _Vocoder:
     def __init__(self, runner: Token2WavRunner, frames: int, batch: int) -> None:
         self.mel = torch.zeros((batch, runner.shape.mel_dim, frames), dtype=torch.float32,
                                device=runner.device)
-        self.step = CapturedStep(lambda: mel_to_wave(runner.vocoder, self.mel, runner.min_level))
+        self.step = CapturedStep(lambda: mel_to_wave(runner.vocoder, self.mel, runner.min_level),
+                                 stream=runner.capture_stream)
 
     def __call__(self, mel: torch.Tensor) -> torch.Tensor:
         """(rows, samples) on the device, valid until the next replay."""

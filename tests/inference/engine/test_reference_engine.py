@@ -431,7 +431,7 @@ def test_chunked_vocoding_equals_one_shot_vocoding(engine):
 class EagerGraph:
     """Stands in for a captured CUDA graph on the CPU: replaying runs the captured function."""
 
-    def __init__(self, function, pool=None) -> None:
+    def __init__(self, function, pool=None, stream=None) -> None:
         self.function = function
 
     def replay(self):
@@ -1086,6 +1086,10 @@ def test_a_talker_far_ahead_of_its_audio_waits_for_token2wav():
     assert scheduler.talker_batch() == [near, fresh]
     far.codes_ahead = (AHEAD_CHUNKS * 24 - 12, 24)  # a chunk of it is audio now
     assert scheduler.talker_batch() == [far, near, fresh]
+    unlimited = Scheduler(SlotTable(4), prefill_chunk_tokens=8, max_waiting=4, max_queue_wait_s=1,
+                          playback_margin_s=0.5, ahead_chunks=0)  # talker_ahead_chunks=0
+    unlimited.running.extend([Stub(10 * 24), fresh])
+    assert len(unlimited.talker_batch()) == 2
 
 
 def test_a_quiet_engine_starts_replies_quickly_a_busy_one_keeps_the_look_ahead():
