@@ -150,6 +150,14 @@ async def test_browser_user_talks_with_the_agent_and_hears_it(browser, web_page_
         AGENT_REPLY_TIMEOUT_S,
         "the user's words in the transcript",
     )
+    # and the agent's answer after them (its transcript comes as it speaks: wait for it)
+    await page.wait_for(
+        "(t => { const u = t.findIndex(line => line.speaker === 'user');"
+        " return u >= 0 && t.slice(u).some(line => line.speaker === 'agent'); })"
+        "(window.omniAgent.transcript)",
+        AGENT_REPLY_TIMEOUT_S,
+        "the agent's answer after the user's words",
+    )
     # (a reply cut by the next question, as the looping microphone does, may end before the
     # worker reports its first-audio time: the page then shows "–" for the model)
     await page.wait_for(
