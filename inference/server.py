@@ -2,7 +2,10 @@
 
 It accepts connections and hands each WebSocket to its own `RealtimeSession`; it holds no
 conversation state itself. The engine is started by `serve()` after the socket is listening,
-so `/health` can answer 503 while the model loads and warms up.
+so `/health` can answer 503 while the model loads and warms up. An engine whose loop has been
+blocked for `STALLED_AFTER_S` (a hung device: every call would wait forever) makes `/health`
+say `stalled` and `/health/live` fail, so the orchestrator stops sending calls and restarts
+the worker; the agent replays its conversations into the new one.
 
 Hostile connections are bounded before they cost anything: a connection must send a whole
 request head within `header_timeout_s` (aiohttp's keep-alive timer, which runs from the
@@ -32,6 +35,9 @@ from .metrics import WorkerMetrics
 from .session import RealtimeSession
 
 log = logging.getLogger(__name__)
+
+# an engine loop blocked this long is hung, not busy (a round takes at most about a second)
+STALLED_AFTER_S = 30.0
 
 # aiohttp drops a connection whose single message exceeds this; smaller oversize events get
 # a polite `error` from the session (Limits.max_event_bytes) and the session goes on.
@@ -76,6 +82,7 @@ class Worker:
         self.engine = engine
         self.metrics = WorkerMetrics()
         self.state: Literal["loading", "ready", "draining"] = "loading"
+        self._reported_stall = False  # a stalled engine is logged once, when first seen
         self.sessions: set[RealtimeSession] = set()
         self._session_connections: set[RequestHandler] = set()  # exempt from the pending bound
         limits = settings.limits
@@ -83,6 +90,7 @@ class Worker:
         self.app = web.Application(middlewares=[self._auth])
         self.app.add_routes([
             web.get("/health", self.health),
+            web.get("/health/live", self.live),
             web.get("/metrics", self.metrics_endpoint),
             web.get("/v1/models", self.models),
             web.get("/v1/realtime", self.realtime),
@@ -142,7 +150,27 @@ class Worker:
         if isinstance(load, eng.EngineLoad):
             body.update(capacity=max(1, min(self.capacity, load.capacity)), running=load.running,
                         waiting=load.waiting, engine_capacity=load.capacity)
+        if self._stalled(load):
+            body.update(status="stalled", stalled_s=round(load.stalled_s, 1))
+            return web.json_response(body, status=503)
         return web.json_response(body, status=200 if self.state == "ready" else 503)
+
+    async def live(self, request: web.Request) -> web.Response:
+        """For a liveness probe: 200 while the worker can serve (loading and draining too), 503
+        once its engine is stalled and only a restart helps."""
+        load = self.engine.load()
+        if self._stalled(load):
+            return web.json_response({"status": "stalled", "stalled_s": round(load.stalled_s, 1)}, status=503)
+        return web.json_response({"status": self.state})
+
+    def _stalled(self, load: eng.EngineLoad | None) -> bool:
+        stalled = isinstance(load, eng.EngineLoad) and load.stalled_s > STALLED_AFTER_S
+        if stalled and not self._reported_stall:
+            log.error("the engine's loop has not come round for %.0f s: the device is hung or the "
+                      "loop is blocked; /health and /health/live now answer 503 (restart the worker)",
+                      load.stalled_s)
+        self._reported_stall = stalled
+        return stalled
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})

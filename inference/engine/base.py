@@ -184,6 +184,9 @@ class EngineLoad:
     running: int      # replies being generated
     waiting: int      # replies admitted but waiting for memory
     capacity: int     # replies the engine's memory holds at once
+    # seconds since the engine's loop last came round (0 while it does): a loop blocked this
+    # long (a hung device) serves nobody, and /health says so (server.py, STALLED_AFTER_S)
+    stalled_s: float = 0.0
 
 
 class OmniEngine(abc.ABC):

@@ -320,6 +320,30 @@ async def test_health_reports_the_engine_load_when_it_knows(gateway):
     assert (body["capacity"], body["engine_capacity"]) == (16, 64)  # never more than the worker admits
 
 
+async def test_a_stalled_engine_fails_health_and_liveness(gateway):
+    """An engine whose loop has not come round for longer than STALLED_AFTER_S (a hung device)
+    makes /health say `stalled` (no new calls) and /health/live fail (restart the worker);
+    a loop that comes round again clears both."""
+    import aiohttp
+
+    from inference.server import STALLED_AFTER_S
+    async with aiohttp.ClientSession() as http:
+        health, live = (str(gateway.server.make_url(path)) for path in ("/health", "/health/live"))
+        gateway.engine.load_report = eng.EngineLoad(running=4, waiting=0, capacity=8, stalled_s=2.0)
+        for url in (health, live):  # busy, not stalled
+            async with http.get(url) as r:
+                assert r.status == 200 and (await r.json())["status"] == "ready"
+        gateway.engine.load_report = eng.EngineLoad(running=4, waiting=0, capacity=8,
+                                                    stalled_s=STALLED_AFTER_S + 5)
+        for url in (health, live):
+            async with http.get(url) as r:
+                body = await r.json()
+                assert r.status == 503 and body["status"] == "stalled" and body["stalled_s"] > STALLED_AFTER_S
+        gateway.engine.load_report = eng.EngineLoad(running=4, waiting=0, capacity=8)
+        async with http.get(live) as r:
+            assert r.status == 200
+
+
 async def test_a_client_that_does_not_read_is_dropped_and_the_session_freed():
     from tests.support import raw_ws
     gw = Gateway(ScriptedEngine(words=400, samples_per_word=24_000, step_s=0.0), max_send_queue_bytes=256 * 1024)

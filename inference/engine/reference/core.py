@@ -46,6 +46,8 @@ NAP_S = 0.001
 # an H200 a batch for 16 calls is out in ~0.12 s beside the decode steps; one out for this
 # long is being starved by them, and listeners need audio more than codes)
 TOKEN2WAV_STALL_S = 0.5
+# the longest a round of the loop takes when all is well: its nap when idle, with room to spare
+ROUND_S = 1.0
 
 
 class EngineCore:
@@ -60,6 +62,7 @@ class EngineCore:
         # token2wav launched and not yet collected: (replies, their audio), in launch order
         self.in_flight: list[tuple[list[Reply], PendingWaves]] = []
         self._token2wav_launched = 0.0
+        self.came_round_at = time.monotonic()  # the loop's last round (it naps 0.5 s at most)
 
     # ----------------------------------------------------------------- the asyncio side
 
@@ -76,6 +79,14 @@ class EngineCore:
     def end_session(self, session_id: str) -> None:
         self.inbox.put(("end_session", session_id))
 
+    def stalled_s(self) -> float:
+        """Seconds the loop has been inside one round beyond what a round can take: it naps
+        0.5 s at most and a step takes milliseconds, so a long time means it is blocked (the
+        device hung, say). 0 while it comes round, or when it is not running."""
+        if self._thread is None or not self._thread.is_alive():
+            return 0.0
+        return max(0.0, time.monotonic() - self.came_round_at - ROUND_S)
+
     def stop(self) -> None:
         if self._thread is not None:
             self.inbox.put(("stop", None))
@@ -89,6 +100,7 @@ class EngineCore:
             self.runner.synchronize()  # what other threads put on the device is there
             worked = False
             while True:
+                self.came_round_at = time.monotonic()
                 try:
                     if not self.scheduler.has_work:
                         command = self.inbox.get(timeout=0.5)

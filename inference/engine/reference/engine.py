@@ -398,7 +398,8 @@ class ReferenceEngine(OmniEngine):
         if self.scheduler is None:
             return None
         return EngineLoad(running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
-                          capacity=self.scheduler.slots.count)
+                          capacity=self.scheduler.slots.count,
+                          stalled_s=self.core.stalled_s() if self.core is not None else 0.0)
 
     def end_session(self, session_id: str) -> None:
         if self.core is not None:

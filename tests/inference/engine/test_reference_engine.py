@@ -1070,6 +1070,42 @@ async def test_a_quick_start_makes_the_first_chunk_from_half_the_codes(greedy):
         await quick.close()
 
 
+def test_a_blocked_loop_reports_how_long_it_has_been_stalled():
+    """The loop's stall clock: 0 while it comes round; growing while a round is blocked (here
+    in the device synchronize at its start, as a hung GPU would block it); 0 again once it
+    comes round."""
+    import contextlib
+    import threading as th
+    import time
+
+    from inference.engine.reference import core as core_module
+    from inference.engine.reference.scheduler import Scheduler, SlotTable
+
+    device = th.Event()
+
+    class HungRunner:
+        def loop_stream(self):
+            return contextlib.nullcontext()
+
+        def synchronize(self):
+            device.wait(10)
+
+    scheduler = Scheduler(SlotTable(2), prefill_chunk_tokens=8, max_waiting=2, max_queue_wait_s=1,
+                          playback_margin_s=0.5)
+    loop = core_module.EngineCore(HungRunner(), scheduler, {})
+    assert loop.stalled_s() == 0.0  # not running
+    loop.start()
+    try:
+        time.sleep(core_module.ROUND_S + 0.5)
+        assert loop.stalled_s() > 0.3
+        device.set()
+        time.sleep(0.2)
+        assert loop.stalled_s() == 0.0
+    finally:
+        device.set()
+        loop.stop()
+
+
 def test_a_talker_far_ahead_of_its_audio_waits_for_token2wav():
     """A talker two chunks' worth of codes ahead of its audio takes no step until token2wav has
     made audio of them; one less ahead, and a reply without speech, step as usual."""
