@@ -11,8 +11,8 @@ gateway's).
 token2wav is asynchronous: a batch of chunks is launched on token2wav's own CUDA stream
 (token2wav_runner.py) and the loop goes on with decode steps; each step collects whatever
 audio has arrived on the host. One batch is in flight at a time, and a reply with a chunk in
-flight waits for it before its next one; a batch out for longer than TOKEN2WAV_STALL_S is
-being starved by the decode steps, and the loop waits for it before its next step.
+flight waits for it before its next one; a batch still out after TOKEN2WAV_STALL_S (a bound:
+at 16–32 calls batches are out 0.11–0.15 s) is waited for before the next step.
 
 A failure inside one reply's own work (its prefill, its talker's start, its sampling) fails
 that reply only; a failure inside a batched step fails the replies of that batch. Either way
@@ -43,11 +43,13 @@ T = TypeVar("T")
 # how long the loop naps when replies are running but nothing could be done this step
 NAP_S = 0.001
 # a token2wav batch out longer than this holds the decode steps until its audio is out (on
-# an H200 a batch for 16 calls is out in ~0.12 s beside the decode steps; one out for this
-# long is being starved by them, and listeners need audio more than codes)
+# an H200 batches are out 0.11-0.15 s beside the decode steps; should one ever fall this far
+# behind, listeners need audio more than codes)
 TOKEN2WAV_STALL_S = 0.5
-# the longest a round of the loop takes when all is well: its nap when idle, with room to spare
-ROUND_S = 1.0
+# how long the loop waits on its inbox when nothing runs
+IDLE_WAIT_S = 0.5
+# the longest a round of the loop takes when all is well (a step takes milliseconds)
+ROUND_S = 2 * IDLE_WAIT_S
 
 
 class EngineCore:
@@ -62,7 +64,7 @@ class EngineCore:
         # token2wav launched and not yet collected: (replies, their audio), in launch order
         self.in_flight: list[tuple[list[Reply], PendingWaves]] = []
         self._token2wav_launched = 0.0
-        self.came_round_at = time.monotonic()  # the loop's last round (it naps 0.5 s at most)
+        self.came_round_at = time.monotonic()  # when the loop last began a round
 
     # ----------------------------------------------------------------- the asyncio side
 
@@ -80,9 +82,8 @@ class EngineCore:
         self.inbox.put(("end_session", session_id))
 
     def stalled_s(self) -> float:
-        """Seconds the loop has been inside one round beyond what a round can take: it naps
-        0.5 s at most and a step takes milliseconds, so a long time means it is blocked (the
-        device hung, say). 0 while it comes round, or when it is not running."""
+        """Seconds the loop has been inside one round beyond ROUND_S: a long time means it
+        is blocked (the device hung, say). 0 while it comes round, or when it is not running."""
         if self._thread is None or not self._thread.is_alive():
             return 0.0
         return max(0.0, time.monotonic() - self.came_round_at - ROUND_S)
@@ -103,7 +104,7 @@ class EngineCore:
                 self.came_round_at = time.monotonic()
                 try:
                     if not self.scheduler.has_work:
-                        command = self.inbox.get(timeout=0.5)
+                        command = self.inbox.get(timeout=IDLE_WAIT_S)
                     elif not worked:
                         command = self.inbox.get(timeout=NAP_S)
                     else:
