@@ -313,6 +313,34 @@ async def test_interrupt_cancels_on_the_worker_once(open_session):
         await gw.stop()
 
 
+async def test_truncate_before_the_cancelled_reply_ends_keeps_what_was_heard(open_session):
+    # the framework truncates right after it interrupts, before the worker's response.done:
+    # the reply's end must not put back the text nobody heard
+    gw = Gateway(ScriptedEngine(words=200, step_s=0.02))
+    await gw.start()
+    try:
+        model = RealtimeModel(url=gw.url, api_key=KEY)
+        session = model.session()
+        rec = Recorder(session)
+        await speak(session, 0.3)
+        generation = await session.generate_reply()
+        message = await generation.message_stream.__anext__()
+        await message.audio_stream.__anext__()  # the reply is playing
+        session.interrupt()
+        session.truncate(message_id=message.message_id, modalities=["audio", "text"], audio_end_ms=10,
+                         audio_transcript="wor")
+        done = await rec.wait_received("response.done")
+        await rec.wait_received("conversation.item.truncated")
+        generated = done["response"]["output"][0]["content"][0]["transcript"]
+        assert generated.startswith("word0")
+        assert session.chat_ctx.get_by_id(message.message_id).content == ["wor"]
+        assert rec.errors == []
+        await session.aclose()
+        await model.aclose()
+    finally:
+        await gw.stop()
+
+
 async def test_truncate_keeps_what_was_heard(gateway, open_session):
     session, rec = open_session()
     await speak(session, 0.3)

@@ -24,6 +24,12 @@ class MessageStreams:
     audio: utils.aio.Chan[rtc.AudioFrame] = field(default_factory=utils.aio.Chan)
     modalities: asyncio.Future[Modalities] = field(default_factory=asyncio.Future)
     transcript: str = ""
+    heard: str | None = None  # what the listener heard, once the framework truncated it
+
+    @property
+    def kept_text(self) -> str:
+        """The message's text in the conversation: what was heard if it was cut short."""
+        return self.transcript if self.heard is None else self.heard
 
     def set_modalities(self, modalities: Modalities) -> None:
         if not self.modalities.done():

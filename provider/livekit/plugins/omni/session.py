@@ -311,6 +311,9 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
                 # noted now, not on confirmation: a truncation lost with the connection is then
                 # still right in the replay
                 self._set_mirror_text(message_id, heard)
+                generation = self._replies.generation
+                if generation is not None and (streams := generation.messages.get(message_id)):
+                    streams.heard = heard  # the reply's end, still to come, must not undo it
             return
         # a text reply, or one replayed after a reconnection: the worker holds its text only,
         # so the heard text replaces it
@@ -1024,7 +1027,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         item = event["item"]
         if item["type"] == "message" and (streams := generation.messages.get(item["id"])):
             streams.close(self._opts.modalities)
-            self._set_mirror_text(item["id"], streams.transcript)
+            self._set_mirror_text(item["id"], streams.kept_text)
         elif item["type"] == "function_call":
             call = generation.function_calls.get(item["id"])
             arguments = item.get("arguments") or (call.arguments if call else "")
@@ -1066,7 +1069,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
     def _finish_generation(self, generation: Generation) -> None:
         for item_id, streams in generation.messages.items():
             if not streams.text.closed:  # its output_item.done never came
-                self._set_mirror_text(item_id, streams.transcript)
+                self._set_mirror_text(item_id, streams.kept_text)
         generation.close(self._opts.modalities)
         if self._replies.generation is generation:
             self._replies.generation = None
