@@ -10,6 +10,8 @@ test_provider_agent.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -282,18 +284,28 @@ async def test_user_audio_in_a_chat_context_is_sent_as_16k_audio(gateway, open_s
 # --------------------------------------------------------------------------- interruption
 
 
-async def test_interrupt_cancels_on_the_worker_once(open_session):
-    gateway_engine = ScriptedEngine(words=200, step_s=0.02)
-    gw = Gateway(gateway_engine)
+@contextlib.asynccontextmanager
+async def playing_reply() -> AsyncIterator[tuple[RealtimeSession, Recorder, llm.GenerationCreatedEvent, Any]]:
+    """A session whose long reply (200 words) has begun to play: its first audio frame is in."""
+    gw = Gateway(ScriptedEngine(words=200, step_s=0.02))
     await gw.start()
+    model = RealtimeModel(url=gw.url, api_key=KEY)
+    session = model.session()
     try:
-        model = RealtimeModel(url=gw.url, api_key=KEY)
-        session = model.session()
         rec = Recorder(session)
         await speak(session, 0.3)
         generation = await session.generate_reply()
         message = await generation.message_stream.__anext__()
-        await message.audio_stream.__anext__()  # the reply is playing
+        await message.audio_stream.__anext__()
+        yield session, rec, generation, message
+    finally:
+        await session.aclose()
+        await model.aclose()
+        await gw.stop()
+
+
+async def test_interrupt_cancels_on_the_worker_once():
+    async with playing_reply() as (session, rec, generation, message):
         session.interrupt()
         session.interrupt()
         frames = await asyncio.wait_for(_collect(message.audio_stream), 5)  # ends promptly
@@ -307,25 +319,12 @@ async def test_interrupt_cancels_on_the_worker_once(open_session):
         await asyncio.sleep(0.1)
         assert rec.sent_types().count("response.cancel") == 1
         assert rec.errors == []
-        await session.aclose()
-        await model.aclose()
-    finally:
-        await gw.stop()
 
 
-async def test_truncate_before_the_cancelled_reply_ends_keeps_what_was_heard(open_session):
+async def test_truncate_before_the_cancelled_reply_ends_keeps_what_was_heard():
     # the framework truncates right after it interrupts, before the worker's response.done:
     # the reply's end must not put back the text nobody heard
-    gw = Gateway(ScriptedEngine(words=200, step_s=0.02))
-    await gw.start()
-    try:
-        model = RealtimeModel(url=gw.url, api_key=KEY)
-        session = model.session()
-        rec = Recorder(session)
-        await speak(session, 0.3)
-        generation = await session.generate_reply()
-        message = await generation.message_stream.__anext__()
-        await message.audio_stream.__anext__()  # the reply is playing
+    async with playing_reply() as (session, rec, _, message):
         session.interrupt()
         session.truncate(message_id=message.message_id, modalities=["audio", "text"], audio_end_ms=10,
                          audio_transcript="wor")
@@ -335,10 +334,6 @@ async def test_truncate_before_the_cancelled_reply_ends_keeps_what_was_heard(ope
         assert generated.startswith("word0")
         assert session.chat_ctx.get_by_id(message.message_id).content == ["wor"]
         assert rec.errors == []
-        await session.aclose()
-        await model.aclose()
-    finally:
-        await gw.stop()
 
 
 async def test_truncate_keeps_what_was_heard(gateway, open_session):
