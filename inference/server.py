@@ -22,7 +22,7 @@ import logging
 import resource
 import signal
 import time
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -150,27 +150,28 @@ class Worker:
         if isinstance(load, eng.EngineLoad):
             body.update(capacity=max(1, min(self.capacity, load.capacity)), running=load.running,
                         waiting=load.waiting, engine_capacity=load.capacity)
-        if self._stalled(load):
-            body.update(status="stalled", stalled_s=round(load.stalled_s, 1))
-            return web.json_response(body, status=503)
+        if stall := self._stall(load):
+            return web.json_response({**body, **stall}, status=503)
         return web.json_response(body, status=200 if self.state == "ready" else 503)
 
     async def live(self, request: web.Request) -> web.Response:
         """For a liveness probe: 200 while the worker can serve (loading and draining too), 503
         once its engine is stalled and only a restart helps."""
-        load = self.engine.load()
-        if self._stalled(load):
-            return web.json_response({"status": "stalled", "stalled_s": round(load.stalled_s, 1)}, status=503)
+        if stall := self._stall(self.engine.load()):
+            return web.json_response(stall, status=503)
         return web.json_response({"status": self.state})
 
-    def _stalled(self, load: eng.EngineLoad | None) -> bool:
-        stalled = isinstance(load, eng.EngineLoad) and load.stalled_s > STALLED_AFTER_S
-        if stalled and not self._reported_stall:
+    def _stall(self, load: eng.EngineLoad | None) -> dict[str, Any] | None:
+        """What /health and /health/live say of a stalled engine; None while it is not."""
+        if not isinstance(load, eng.EngineLoad) or load.stalled_s <= STALLED_AFTER_S:
+            self._reported_stall = False
+            return None
+        if not self._reported_stall:
             log.error("the engine's loop has not come round for %.0f s: the device is hung or the "
                       "loop is blocked; /health and /health/live now answer 503 (restart the worker)",
                       load.stalled_s)
-        self._reported_stall = stalled
-        return stalled
+            self._reported_stall = True
+        return {"status": "stalled", "stalled_s": round(load.stalled_s, 1)}
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
