@@ -215,7 +215,7 @@ def simulate(calls: int, args, costs: Costs, plan: ChunkPlan) -> dict:
             reply.text_left -= 1
         for reply in talkers:
             reply.codes_left -= 1
-            reply.audio.push(0)
+            reply.audio.push([0])
         # the batch in flight runs beside the step (slower), or alone while the loop naps
         share = args.side_share if cost else 1.0
         elapsed = cost if cost else 0.001

@@ -53,11 +53,9 @@ ROUND_S = 2 * IDLE_WAIT_S
 
 
 class EngineCore:
-    def __init__(self, runner: ModelRunner, scheduler: Scheduler,
-                 speaker_bos: dict[str, torch.Tensor]) -> None:
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler) -> None:
         self.runner = runner
         self.scheduler = scheduler
-        self.speaker_bos = speaker_bos
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.stats = LoopStats()
@@ -165,9 +163,7 @@ class EngineCore:
         worked = False
         for reply, start, end in plan.prefill:
             worked = True
-            self._guard([reply], lambda: reply.after_prefill(end, runner.prefill(
-                reply.slot, reply.prompt, start, end, reply.prepared.thinker_positions,
-                reply.prepared.talker_positions if reply.talker is not None else None)))
+            self._guard([reply], lambda: reply.after_prefill(end, runner.prefill(reply, start, end)))
         thinker = [r for r in plan.thinker if r.phase is Phase.DECODING]
         # what the step's one read brings back: (ids on the device, who takes them)
         pending: list[tuple[torch.Tensor, Callable[[list[int]], None]]] = []
@@ -183,14 +179,13 @@ class EngineCore:
             worked = True
             code = self._guard([reply], lambda: self._talker_start(reply))
             if code is not None:
-                pending.append((code, lambda ids, reply=reply: self._take(
-                    [reply], ids, Reply.after_talker_code)))
+                pending.append((code, lambda ids, reply=reply: self._take_frames([reply], ids)))
         stepping = [r for r in stepping if r.phase is Phase.DECODING]
         if stepping:
             worked = True
             codes = self._guard(stepping, lambda: self._talker_step(stepping))
             if codes is not None:
-                pending.append((codes, lambda ids: self._take(stepping, ids, Reply.after_talker_code)))
+                pending.append((codes, lambda ids: self._take_frames(stepping, ids)))
         launched = time.monotonic()
         if pending:
             ids = self._guard(thinker + talkers, lambda: runner.read(*(t for t, _ in pending)))
@@ -218,10 +213,7 @@ class EngineCore:
     def _thinker_step(self, replies: list[Reply]) -> tuple[torch.Tensor, list[Reply]]:
         """Launch the step; replies whose next token is not the plain argmax choose it now
         from the logits, the others get it from the step's one read."""
-        result = self.runner.thinker_step(
-            [r.slot for r in replies], [r.pending_token for r in replies],
-            [r.prompt.length + len(r.fed) for r in replies],
-            [r.prepared.thinker_rope_delta for r in replies])
+        result = self.runner.thinker_step(replies)
         greedy = []
         for row, reply in enumerate(replies):
             reply.token_fed(result.state[row:row + 1])
@@ -233,35 +225,31 @@ class EngineCore:
         return result.argmax[rows] if len(rows) < len(replies) else result.argmax, greedy
 
     def _talker_start(self, reply: Reply) -> torch.Tensor:
-        talker = reply.talker
-        _, first = reply.next_talker_input(self.runner.text_eos, self.runner.text_pad)
-        length = reply.prompt.length
-        code = self.runner.talker_start(
-            reply.slot, first, self.speaker_bos[reply.voice],
-            reply.prepared.talker_positions[:, :, length:length + 2], length,
-            talker.codes < talker.min_codes, reply.generator)
-        talker.started = True
-        talker.length = length + 2
+        codes = self.runner.talker_start(reply)
+        reply.talker.started = True
         reply.clock.mark("talker_started")
-        return code
+        return codes.reshape(-1)
 
     def _talker_step(self, replies: list[Reply]) -> torch.Tensor:
-        inputs = [r.next_talker_input(self.runner.text_eos, self.runner.text_pad)[1] for r in replies]
-        codes = self.runner.talker_step(
-            [r.slot for r in replies], [r.talker.last_code for r in replies], inputs,
-            [r.talker.length for r in replies],
-            [r.prepared.talker_rope_delta for r in replies],
-            [r.talker.codes < r.talker.min_codes for r in replies],
-            [r.generator for r in replies])
+        codes = self.runner.talker_step(replies)
         for reply in replies:
             reply.talker.length += 1
-        return codes
+        return codes.reshape(-1)
 
     def _take(self, replies: list[Reply], ids: list[int], take: Callable[[Reply, int], None]) -> None:
-        """Each still running reply takes its id (a token, a code) from the step's read."""
+        """Each still running reply takes its id (a token) from the step's read."""
         for reply, value in zip(replies, ids):
             if reply.phase is Phase.DECODING:
                 self._guard([reply], lambda: take(reply, value))
+
+    def _take_frames(self, replies: list[Reply], ids: list[int]) -> None:
+        """Each still running reply takes its codec frame (`runner.codes_per_frame` codes, the
+        first the one that can end the speech) from the step's read."""
+        width = self.runner.codes_per_frame
+        for row, reply in enumerate(replies):
+            if reply.phase is Phase.DECODING:
+                frame = ids[row * width:(row + 1) * width]
+                self._guard([reply], lambda: reply.after_talker_frame(frame))
 
     def _launch_token2wav(self, replies: list[Reply]) -> None:
         self._token2wav_launched = time.monotonic()
@@ -271,13 +259,9 @@ class EngineCore:
                 self.in_flight.append((part, pending))
 
     def _launch_part(self, replies: list[Reply]) -> PendingWaves:
-        """The replies' next chunks as one batch (DiT windows, then vocoder chunks), on
-        token2wav's stream; their audio comes back later (`_collect_audio`)."""
-        token2wav = self.runner.token2wav
-        with token2wav.side_stream():
-            windows = [r.audio.next_window(final=not r.audio.ready()) for r in replies]
-            mels = token2wav.sample(windows)
-            return token2wav.vocode([reply.audio.vocoder_input(mel) for reply, mel in zip(replies, mels)])
+        """The replies' next chunks as one batch, on the audio decoder's stream; their audio
+        comes back later (`_collect_audio`)."""
+        return self.runner.launch_audio(replies)
 
     def _collect_audio(self) -> bool:
         """Every launched part whose audio is on the host (in launch order): each of its

@@ -29,14 +29,15 @@ from .constrained import CLOSING_LIMIT, GrammarFactory
 from .compiled import set_cache_dir
 from .core import EngineCore
 from .kv_pool import kv_bytes_per_token
-from .loading import LoadedModel, load_model, resolve_device, resolve_dtype
+from .loading import LoadedModel, resolve_device, resolve_dtype
+from .models import QWEN3_TINY, family_for
 from .prompt import Prompt, build_prompt, template_tools
 from .reply import GenerationSettings, PreparedPrompt, Reply, max_new_tokens
-from .runner import ModelRunner
-from .sampling import TALKER_SAMPLING, SamplingParams
+from .runner import ModelRunner  # the Qwen2.5-Omni family's; every family's has its interface
+from .models.qwen3_omni.code2wav_stream import Code2WavPlan
+from .sampling import SamplingParams
 from .scheduler import AHEAD_CHUNKS, Scheduler, SlotTable
 from .token2wav_stream import ChunkPlan
-from .talker import codes_per_second, max_codes_for
 from .tiny import cache_root
 
 logger = logging.getLogger(__name__)
@@ -191,6 +192,11 @@ class ReferenceEngine(OmniEngine):
       compile_cache_dir: where inductor's and Triton's compile caches live (default
         `$OMNI_CACHE_DIR/compile`, i.e. ~/.cache/omni-voice-agent/compile): keep it on a
         volume so a restarted worker starts from the cache.
+      code2wav_first_frames, code2wav_chunk_frames, code2wav_left_context (Qwen3-Omni):
+        audio chunks in codec frames of 80 ms: the first chunk (default 2), later ones
+        (default 12, after ramp_chunks chunks of the first's size), and the frames before a
+        chunk its decoder sees (default 25, as vllm-omni's streaming; code2wav is causal, so
+        with a context as long as the reply the chunks are exactly the offline decode).
       seed: fixes all sampling and token2wav noise (default None: random per reply).
       torch_threads: torch's intra-op threads for the process (default: 1 for tiny-random on
         cpu, whose ops are too small to gain from threads that spin on a busy machine;
@@ -228,6 +234,8 @@ class ReferenceEngine(OmniEngine):
                  quick_start_below: int | None = None, talker_ahead_chunks: int = AHEAD_CHUNKS,
                  cuda_graphs: bool | None = None,
                  compile: bool | None = None, compile_cache_dir: str | None = None,
+                 code2wav_first_frames: int = 2, code2wav_chunk_frames: int = 12,
+                 code2wav_left_context: int = 25,
                  seed: int | None = None, torch_threads: int | None = None,
                  warmup: bool = True) -> None:
         super().__init__(model)
@@ -242,7 +250,9 @@ class ReferenceEngine(OmniEngine):
         self.compile_cache_dir = compile_cache_dir
         if kv_slots is not None and not 1 <= kv_slots <= MAX_SLOTS:
             raise ValueError(f"kv_slots must be between 1 and {MAX_SLOTS}")
-        reply_defaults = TINY_RANDOM_REPLY if model == "tiny-random" else REPLY
+        self.family = family_for(model)
+        tiny = model in ("tiny-random", QWEN3_TINY)
+        reply_defaults = TINY_RANDOM_REPLY if tiny else REPLY
         max_new_tokens = reply_defaults.max_new_tokens if max_new_tokens is None else max_new_tokens
         max_audio_seconds = reply_defaults.max_audio_seconds if max_audio_seconds is None else max_audio_seconds
         min_audio_seconds = reply_defaults.min_audio_seconds if min_audio_seconds is None else min_audio_seconds
@@ -271,13 +281,16 @@ class ReferenceEngine(OmniEngine):
         ramp_chunks = default_ramp_chunks(cuda) if ramp_chunks is None else ramp_chunks
         self.settings = GenerationSettings(
             max_new_tokens=max_new_tokens, max_audio_seconds=max_audio_seconds,
-            min_audio_seconds=min_audio_seconds, talker_sampling=TALKER_SAMPLING,
+            min_audio_seconds=min_audio_seconds, talker_sampling=self.family.talker_sampling,
             max_tool_argument_tokens=max_tool_argument_tokens, seed=seed,
             chunk_plan=ChunkPlan(first_chunk_blocks=first_chunk_blocks, chunk_blocks=chunk_blocks,
                                  lookahead_blocks=lookahead_blocks, lookback_blocks=lookback_blocks,
                                  ode_steps=ode_steps, first_lookahead_blocks=first_lookahead_blocks,
-                                 first_ode_steps=first_ode_steps, ramp_chunks=ramp_chunks))
-        if torch_threads is None and model == "tiny-random" and not cuda:
+                                 first_ode_steps=first_ode_steps, ramp_chunks=ramp_chunks),
+            code2wav_plan=Code2WavPlan(first_chunk_frames=code2wav_first_frames,
+                                       chunk_frames=code2wav_chunk_frames, ramp_chunks=ramp_chunks,
+                                       left_context_frames=code2wav_left_context))
+        if torch_threads is None and tiny and not cuda:
             torch_threads = 1
         self.torch_threads = torch_threads
         self.warmup = warmup
@@ -294,7 +307,7 @@ class ReferenceEngine(OmniEngine):
         if self.torch_threads:
             torch.set_num_threads(self.torch_threads)
         await self.start_with_model(
-            await asyncio.to_thread(load_model, self.model, self.device, self.dtype))
+            await asyncio.to_thread(self.family.load, self.model, self.device, self.dtype))
 
     async def start_with_model(self, loaded: LoadedModel) -> None:
         """Start on a model already in memory (the GPU benchmark builds random 7B-shaped
@@ -303,39 +316,36 @@ class ReferenceEngine(OmniEngine):
         if self.compile:
             set_cache_dir(self.compile_cache_dir or cache_root() / "compile")
         model = loaded.model
-        speakers = tuple(model.speaker_map)
-        if not speakers:
-            raise EngineError(f"{self.model} has no speakers (spk_dict.pt)")
-        # Chelsie first when present: it is Qwen2.5-Omni's default voice.
-        self.voices = tuple(sorted(speakers, key=lambda name: (name != "Chelsie", name)))
+        family = self.family
+        self.voices = family.voices(model)
+        if not self.voices:
+            raise EngineError(f"{self.model} has no speakers")
         tokenizer = loaded.processor.tokenizer
         self._grammar = await asyncio.to_thread(GrammarFactory, tokenizer, model.thinker.lm_head.out_features)
         self._stop_ids = self._end_of_turn_ids()
         self._tool_open_id = self._single_token_id(OPEN_TAG)
         self._thinker_sampling = SamplingParams.from_generation_config(model.thinker.generation_config)
-        self._codes_per_second = codes_per_second(model)
-        speech_codes = max_codes_for(model, self.settings.max_audio_seconds) + 4
+        self._codes_per_second = family.codes_per_second(model)
+        speech_codes = max(1, int(self.settings.max_audio_seconds * self._codes_per_second)) + 4
         slots, self.context_tokens = self._size_kv(speech_codes)
         talker_capacity = self.context_tokens + speech_codes
         self.runner = await asyncio.to_thread(
-            ModelRunner, model, loaded.processor.feature_extractor, slots=slots,
+            family.runner, model, loaded.processor, slots=slots,
             thinker_capacity=self.context_tokens, talker_capacity=talker_capacity,
             talker_sampling=self.settings.talker_sampling, chunk_plan=self.settings.chunk_plan,
             device=self.device, cuda_graphs=self.cuda_graphs,
             encoder_cache_bytes=self.encoder_cache_bytes,
             prefill_chunk_tokens=self.prefill_chunk_tokens, token2wav_dtype=self.token2wav_dtype,
-            compile=self.compile, other_chunk_plans=self._other_chunk_plans())
+            compile=self.compile, other_chunk_plans=self._other_chunk_plans(),
+            settings=self.settings)
+        self._audio_stream = family.audio_stream(self.runner, self.settings)
+        self._talker_end_codes = family.talker_end_codes(model)
         self.scheduler = Scheduler(
             SlotTable(slots), prefill_chunk_tokens=self.prefill_chunk_tokens,
             max_waiting=self.max_waiting or slots, max_queue_wait_s=self.max_queue_wait_s,
             playback_margin_s=self.playback_margin_s, token2wav_interval_s=self.token2wav_interval_s,
             quick_start_below=self.quick_start_below, ahead_chunks=self.talker_ahead_chunks)
-        with torch.inference_mode():
-            embed = model.thinker.get_input_embeddings()
-            speaker_bos = {name: embed(torch.tensor([[int(model.speaker_map[name]["bos_token"])]],
-                                                    device=self.device)).clone()
-                           for name in self.voices}
-        self.core = EngineCore(self.runner, self.scheduler, speaker_bos)
+        self.core = EngineCore(self.runner, self.scheduler)
         self.core.start()
         if self.warmup:
             await self._warm_up()
@@ -352,12 +362,11 @@ class ReferenceEngine(OmniEngine):
             slots, context = self.kv_slots or CPU_KV_SLOTS, self.context_tokens or CPU_CONTEXT_TOKENS
             logger.info("KV memory: %d slots of %d tokens of context (kv_slots, context_tokens)", slots, context)
             return slots, context
-        model = self.loaded.model
-        text_config = model.thinker.config.text_config
+        text_config, talker_config = self.family.kv_configs(self.loaded.model)
         free, _ = torch.cuda.mem_get_info(self.device)
         sizing = size_kv(
             int(free * self.kv_memory_fraction), kv_bytes_per_token(text_config, self.dtype),
-            kv_bytes_per_token(model.talker.config, self.dtype), speech_codes, slots=self.kv_slots,
+            kv_bytes_per_token(talker_config, self.dtype), speech_codes, slots=self.kv_slots,
             context_tokens=self.context_tokens,
             model_context_tokens=getattr(text_config, "max_position_embeddings", None) or MODEL_CONTEXT_TOKENS)
         logger.info("KV memory: %d slots of %d tokens of context, %.2f GB a slot, %.1f of %.1f GB free "
@@ -426,9 +435,8 @@ class ReferenceEngine(OmniEngine):
             request, prepared, voice=voice, settings=self.settings,
             tokenizer=self.loaded.processor.tokenizer, thinker_sampling=self._thinker_sampling,
             stop_ids=self._stop_ids, tool_open_id=self._tool_open_id, grammar=self._grammar,
-            talker_end_codes={self.loaded.model.talker.config.tts_codec_pad_token_id,
-                              self.loaded.model.talker.config.tts_codec_end_token_id},
-            codes_per_second=self._codes_per_second, token2wav_shape=self.runner.token2wav.shape,
+            talker_end_codes=self._talker_end_codes, codes_per_second=self._codes_per_second,
+            audio_stream=self._audio_stream, talker_reads_chosen=self.family.talker_reads_chosen,
             device=self.device, emit=lambda item: _post(loop, queue, item), arrived=arrived)
         reply.timings["prompt_s"] = time.monotonic() - arrived
         self.core.add(reply)
@@ -465,7 +473,7 @@ class ReferenceEngine(OmniEngine):
             if start not in prompts:
                 prompts[start] = build_prompt(
                     self.loaded.processor, dataclasses.replace(request, context=request.context[start:]),
-                    forced_prefix=prefix)
+                    forced_prefix=prefix, style=self.family.style)
             return prompts[start]
 
         start = fit_context(request.context, request.truncation, room=room,
@@ -477,23 +485,11 @@ class ReferenceEngine(OmniEngine):
                 first_item_id=request.context[start].item_id,
                 dropped_items=len({item.item_id for item in request.context[:start]}),
                 dropped_tokens=prompt_from(0).length - prompt.length)
-        model = self.loaded.model
-        ids = prompt.input_ids
-        audio_lengths = prompt.audio_lengths
-        positions, deltas = model.thinker.get_rope_index(
-            ids, None, None, torch.ones_like(ids), False, audio_lengths, None)
-        talker_positions, talker_delta = None, 0
-        if "audio" in request.modalities and not forced:
-            bos = int(model.speaker_map[voice]["bos_token"])
-            # the first reply token is not known yet; a text token's rope position does not
-            # depend on which token it is
-            text_ids = torch.cat([ids, torch.tensor([[bos, bos]], dtype=torch.long)], dim=1)
-            talker_positions, talker_deltas = model.talker.get_rope_index(
-                text_ids, None, None, torch.ones_like(text_ids), False, audio_lengths, None)
-            talker_delta = int(talker_deltas.reshape(-1)[0])
+        speaks = "audio" in request.modalities and not forced
+        positions = self.family.positions(self.loaded.model, prompt, voice, speaks)
         return PreparedPrompt(
-            prompt=prompt, thinker_positions=positions, thinker_rope_delta=int(deltas.reshape(-1)[0]),
-            talker_positions=talker_positions, talker_rope_delta=talker_delta,
+            prompt=prompt, thinker_positions=positions.thinker, thinker_rope_delta=positions.thinker_delta,
+            talker_positions=positions.talker, talker_rope_delta=positions.talker_delta,
             forced_tools=forced, forced_prefix=prefix, max_new_tokens=limit), truncated
 
     @staticmethod

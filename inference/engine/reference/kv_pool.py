@@ -120,16 +120,21 @@ def decoder_layer(layer, hidden: torch.Tensor, view: LayerView, rotary) -> torch
 
 
 def forward(text_model, view: BatchView, embeds: torch.Tensor, positions: torch.Tensor,
-            layer_step: Callable = decoder_layer) -> torch.Tensor:
+            layer_step: Callable = decoder_layer, keep_layer: int | None = None):
     """Final hidden states (B, n, H) of a Qwen2.5-Omni text model (thinker or talker) run on
     `embeds` (B, n, H) at rope `positions` (3, B, n), reading and writing the pool through
     `view` (already pointed, its window chosen); each layer runs through `layer_step` (a
-    compiled `decoder_layer`, say)."""
+    compiled `decoder_layer`, say). With `keep_layer` k it returns (final states, the states
+    after k layers): Qwen3-Omni's talker reads the thinker's at its `accept_hidden_layer`."""
     rotary = text_model.rotary_emb(embeds, positions)
     hidden = embeds
-    for layer, layer_view in zip(text_model.layers, view.layers):
+    kept = None
+    for index, (layer, layer_view) in enumerate(zip(text_model.layers, view.layers)):
         hidden = layer_step(layer, hidden, layer_view, rotary)
-    return text_model.norm(hidden)
+        if index + 1 == keep_layer:
+            kept = hidden
+    out = text_model.norm(hidden)
+    return out if keep_layer is None else (out, kept)
 
 
 def _window_sizes(capacity: int) -> list[int]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -23,6 +23,23 @@ from ..base import (
 )
 from ..chat import QWEN2_5_OMNI_SPEECH_SYSTEM_PROMPT, offered_tools
 
+
+
+def qwen2_5_audio_tokens(frames: int) -> int:
+    """Audio tokens of a clip of `frames` mel frames in Qwen2.5-Omni's prompt (25 a second)."""
+    encoder_frames = (frames - 1) // 2 + 1
+    return (encoder_frames - 2) // 2 + 1
+
+
+@dataclass(frozen=True)
+class PromptStyle:
+    """What differs between the model families' prompts: the system prompt the instructions
+    follow ("" for none) and how many audio tokens a clip of n mel frames takes."""
+    system_prompt: str = QWEN2_5_OMNI_SPEECH_SYSTEM_PROMPT
+    audio_tokens: Callable[[int], int] = qwen2_5_audio_tokens
+
+
+QWEN2_5_STYLE = PromptStyle()
 
 
 @dataclass
@@ -40,6 +57,28 @@ class Prompt:
     clips: list[Clip]                                # in prompt order
     keys: np.ndarray                                 # (L,) int64 content keys (module doc)
     audio_tokens: int                                # how many of the L tokens are audio
+    # the prompt positions whose tokens the talker's prompt part reads, in order (None: all of
+    # them, in lockstep: Qwen2.5-Omni; Qwen3-Omni's talker reads the user turns only)
+    talker_sources: np.ndarray | None = None
+
+    def talker_tokens_before(self, position: int) -> int:
+        """How many tokens of the talker's prompt part come from prompt tokens before
+        `position` (its KV slot holds those once the thinker's holds [0, position))."""
+        if self.talker_sources is None:
+            return position
+        return int(np.searchsorted(self.talker_sources, position))
+
+    def talker_source(self, index: int) -> int:
+        """The prompt position the talker's prompt token `index` comes from (the prompt's
+        length past its last one)."""
+        if self.talker_sources is None:
+            return index
+        return int(self.talker_sources[index]) if index < len(self.talker_sources) else self.length
+
+    @property
+    def talker_length(self) -> int:
+        """Tokens in the talker's prompt part."""
+        return self.length if self.talker_sources is None else len(self.talker_sources)
 
     @property
     def length(self) -> int:
@@ -62,17 +101,16 @@ def template_tools(request: GenerationRequest) -> list[dict[str, Any]]:
     ]
 
 
-def build_messages(request: GenerationRequest) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
+def build_messages(request: GenerationRequest, style: PromptStyle = QWEN2_5_STYLE
+                   ) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
     """Chat messages for the template, and the user audio clips in the order they appear."""
-    # the talker only speaks with its own system prompt: the instructions follow it
-    system = QWEN2_5_OMNI_SPEECH_SYSTEM_PROMPT
-    if request.instructions.strip():
-        system += "\n\n" + request.instructions.strip()
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+    # Qwen2.5-Omni's talker only speaks with its own system prompt: the instructions follow it
+    system = "\n\n".join(part for part in (style.system_prompt, request.instructions.strip()) if part)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     audios: list[np.ndarray] = []
 
     def last(role: str) -> dict[str, Any] | None:
-        return messages[-1] if len(messages) > 1 and messages[-1]["role"] == role else None
+        return messages[-1] if messages and messages[-1]["role"] == role else None
 
     for item in request.context:
         if isinstance(item, (UserAudio, UserText)):
@@ -105,11 +143,12 @@ def build_messages(request: GenerationRequest) -> tuple[list[dict[str, Any]], li
     return messages, audios
 
 
-def build_prompt(processor, request: GenerationRequest, forced_prefix: str = "") -> Prompt:
+def build_prompt(processor, request: GenerationRequest, forced_prefix: str = "",
+                 style: PromptStyle = QWEN2_5_STYLE) -> Prompt:
     """The chat template's text, tokenized, with audio placeholders expanded to one token per
     encoder frame (as the processor's __call__ does). `forced_prefix` is appended after the
     generation prompt (the start of a forced tool call)."""
-    messages, audios = build_messages(request)
+    messages, audios = build_messages(request, style)
     tools = template_tools(request) or None
     text = processor.apply_chat_template(
         messages, tools=tools, add_generation_prompt=True, tokenize=False)
@@ -119,9 +158,8 @@ def build_prompt(processor, request: GenerationRequest, forced_prefix: str = "")
     for samples in audios:
         frames = min(-(-len(samples) // extractor.hop_length),
                      extractor.n_samples // extractor.hop_length)
-        encoder_frames = (frames - 1) // 2 + 1
         clips.append(Clip(key=clip_key(samples), samples=samples, frames=frames,
-                          tokens=(encoder_frames - 2) // 2 + 1))
+                          tokens=style.audio_tokens(frames)))
     if clips:
         text = processor.replace_multimodal_special_tokens(
             [text], iter([clip.tokens for clip in clips]), iter([]), iter([]),

@@ -35,7 +35,8 @@ from .detokenize import IncrementalDecoder
 from .phases import PhaseClock
 from .prompt import Prompt
 from .sampling import SamplingParams, TokenSampler
-from .token2wav_stream import ChunkPlan, StreamingToken2Wav, Token2WavShape
+from .models.qwen3_omni.code2wav_stream import Code2WavPlan
+from .token2wav_stream import ChunkPlan
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,8 @@ class GenerationSettings:
     max_audio_seconds: float = 60.0
     min_audio_seconds: float = 0.0
     max_tool_argument_tokens: int = 256
-    chunk_plan: ChunkPlan = field(default_factory=ChunkPlan)
+    chunk_plan: ChunkPlan = field(default_factory=ChunkPlan)          # Qwen2.5-Omni's token2wav
+    code2wav_plan: Code2WavPlan = field(default_factory=Code2WavPlan)  # Qwen3-Omni's code2wav
     seed: int | None = None
     talker_sampling: SamplingParams = SamplingParams()
 
@@ -81,42 +83,63 @@ class Phase(enum.Enum):
     DONE = "done"
 
 
+@dataclass
+class StreamElement:
+    """One element of a talker's reply stream: a reply token, with what the thinker made of it
+    (`state`, on the device, where the family's talker reads that) or None; `token` None marks
+    the end of the spoken text."""
+    token: int | None
+    state: torch.Tensor | None = None
+
+
 class TalkerTrack:
-    """The talker's side of one reply: its reply stream and its codes so far."""
+    """The talker's side of one reply: its reply stream and its codec frames so far."""
 
     def __init__(self, end_codes: set[int], min_codes: int, max_codes: int) -> None:
-        self.stream: deque[tuple[int | None, torch.Tensor]] = deque()
+        self.stream: deque[StreamElement] = deque()
         self.open = True          # spoken text still coming
         self.started = False      # the talker's prefill tail ran
         self.length = 0           # tokens in the talker's KV slot
         self.end_codes = end_codes
         self.min_codes = min_codes
         self.max_codes = max_codes
-        self.last_code: int | None = None
-        self.codes = 0
+        self.last_frame: list[int] | None = None  # the last frame's codes (the first can end it)
+        self.codes = 0            # frames made
 
     @property
     def finished(self) -> bool:
-        return self.last_code in self.end_codes or self.codes >= self.max_codes
+        ended = self.last_frame is not None and self.last_frame[0] in self.end_codes
+        return ended or self.codes >= self.max_codes
 
     @property
     def wants_step(self) -> bool:
         """A talker step (or its start) can run now."""
         if not self.started:
-            return bool(self.stream) and self.stream[0][0] is not None
+            return bool(self.stream) and self.stream[0].token is not None
         return not self.finished and (bool(self.stream) or not self.open)
 
     @property
     def silent(self) -> bool:
         """The reply has no spoken text: the talker never starts."""
-        return not self.started and bool(self.stream) and self.stream[0][0] is None
+        return not self.started and bool(self.stream) and self.stream[0].token is None
+
+    def next_element(self) -> StreamElement | None:
+        """Take the element the talker's next step reads (None: the stream is used up, the
+        talker keeps talking past the text)."""
+        return self.stream.popleft() if self.stream else None
+
+    def close(self) -> None:
+        """The spoken text is over (the end marker goes into the stream)."""
+        if self.open:
+            self.stream.append(StreamElement(None))
+            self.open = False
 
 
 class Reply:
     def __init__(self, request: GenerationRequest, prepared: PreparedPrompt, *, voice: str,
                  settings: GenerationSettings, tokenizer, thinker_sampling: SamplingParams,
                  stop_ids: set[int], tool_open_id: int | None, grammar, talker_end_codes: set[int],
-                 codes_per_second: float, token2wav_shape: Token2WavShape,
+                 codes_per_second: float, audio_stream: Callable, talker_reads_chosen: bool,
                  device: torch.device, emit: Callable[[object], None], arrived: float) -> None:
         self.request = request
         self.prepared = prepared
@@ -165,13 +188,15 @@ class Reply:
         if self.forced:
             self.decoder = grammar.decoder(*self._forced_grammar(prepared.forced_prefix))
         self.talker: TalkerTrack | None = None
-        self.audio: StreamingToken2Wav | None = None
+        self.audio = None  # the family's audio stream (token2wav_stream.py, code2wav_stream.py)
         if "audio" in request.modalities and not self.forced:
             max_codes = max(1, int(settings.max_audio_seconds * codes_per_second))
             min_codes = min(int(settings.min_audio_seconds * codes_per_second), max_codes)
             self.talker = TalkerTrack(talker_end_codes, min_codes, max_codes)
-            self.audio = StreamingToken2Wav(token2wav_shape, voice, settings.chunk_plan,
-                                            noise_generator, device, self.clock)
+            self.audio = audio_stream(voice, noise_generator, self.clock)
+        # Qwen3-Omni's talker reads only a token's embedding, so its stream grows as tokens are
+        # chosen; Qwen2.5-Omni's reads what the thinker made of a token, once it is fed
+        self.talker_reads_chosen = talker_reads_chosen
 
     # ----------------------------------------------------------------- state the scheduler reads
 
@@ -260,7 +285,7 @@ class Reply:
         prompt token once the whole prompt is in."""
         self.prefilled = end
         if self.talker is not None:
-            self.talker_prefilled = end
+            self.talker_prefilled = self.prompt.talker_tokens_before(end)
         if end < self.prompt.length:
             return
         self.clock.mark("prefilled")
@@ -275,8 +300,9 @@ class Reply:
         token = self.pending_token
         self.pending_token = None
         self.fed.append(token)
-        if self.talker is not None and self.talker.open and not self.talker.finished:
-            self.talker.stream.append((token, state))
+        talker = self.talker
+        if talker is not None and talker.open and not talker.finished and not self.talker_reads_chosen:
+            talker.stream.append(StreamElement(token, state))
         if self.history is not None:
             self.history = torch.cat([self.history, torch.tensor([[token]], device=self.device)], 1)
 
@@ -290,21 +316,14 @@ class Reply:
         """The next token from the (1, vocab) logits of the step that fed the last one."""
         self.take_token(self._choose(logits))
 
-    def next_talker_input(self, text_eos: torch.Tensor, text_pad: torch.Tensor) -> tuple[int | None, torch.Tensor]:
-        """Take the reply-stream element the talker's next step reads: (token id or None, its
-        (1, 1, H) input)."""
-        if not self.talker.stream:
-            return None, text_pad
-        token, state = self.talker.stream.popleft()
-        return token, text_eos if state is None else state
-
-    def after_talker_code(self, code: int) -> None:
+    def after_talker_frame(self, frame: list[int]) -> None:
+        """The talker's next frame (its codes; the first may be an end code)."""
         talker = self.talker
-        talker.last_code = code
-        if code in talker.end_codes:
+        talker.last_frame = frame
+        if frame[0] in talker.end_codes:
             return
         talker.codes += 1
-        self.audio.push(code)
+        self.audio.push(frame)
 
     def take_audio(self, samples: np.ndarray) -> None:
         if len(samples) == 0:
@@ -370,16 +389,19 @@ class Reply:
             self._end_thinker()
         else:
             self.pending_token = token
+            talker = self.talker
+            if self.talker_reads_chosen and talker is not None and talker.open:
+                # every token that will be fed, as soon as it is chosen (the last one, never
+                # fed, is not spoken: generate() builds the talker's text from the fed ones)
+                talker.stream.append(StreamElement(token))
 
     def _end_thinker(self) -> None:
         self.thinker_done = True
         self._close_speech()
 
     def _close_speech(self) -> None:
-        talker = self.talker
-        if talker is not None and talker.open:
-            talker.stream.append((None, None))  # None: the runner puts the text-eos embedding
-            talker.open = False
+        if self.talker is not None:
+            self.talker.close()
 
     # ----------------------------------------------------------------- forced tool call
 

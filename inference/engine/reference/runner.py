@@ -24,6 +24,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -35,7 +36,7 @@ from .kv_pool import BatchView, KVPool, forward
 from .prompt import Clip, Prompt, audio_features
 from .sampling import SamplingParams, TokenSampler
 from .talker import suppressed_codes
-from .token2wav_runner import Token2WavRunner
+from .token2wav_runner import PendingWaves, Token2WavRunner
 from .token2wav_stream import ChunkPlan
 
 logger = logging.getLogger(__name__)
@@ -44,12 +45,15 @@ ENCODER_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
 
 
 class ModelRunner:
+    codes_per_frame = 1  # Qwen2.5-Omni's talker makes one code a step
+
     @torch.inference_mode()  # the pools and graph buffers are only ever used in inference mode
     def __init__(self, model, feature_extractor, *, slots: int, thinker_capacity: int,
                  talker_capacity: int, talker_sampling: SamplingParams, chunk_plan: ChunkPlan,
                  device: torch.device, cuda_graphs: bool, encoder_cache_bytes: int,
                  prefill_chunk_tokens: int, token2wav_dtype: torch.dtype = torch.float32,
-                 compile: bool = False, other_chunk_plans: tuple[ChunkPlan, ...] = ()) -> None:
+                 compile: bool = False, other_chunk_plans: tuple[ChunkPlan, ...] = (),
+                 settings=None) -> None:
         started = time.monotonic()
         self.model = model
         self.thinker = model.thinker
@@ -84,6 +88,9 @@ class ModelRunner:
             self.text_eos, self.text_pad = pair[:, :1].clone(), pair[:, 1:].clone()
             self.codec_pad_embed = self.talker.get_input_embeddings()(
                 torch.tensor([[self.codec_pad, self.codec_bos]], device=device))
+            # each voice's speaker bos, as the talker's first prompt element reads it
+            self.speaker_bos = {name: embed(torch.tensor([[int(speaker["bos_token"])]], device=device)).clone()
+                                for name, speaker in model.speaker_map.items()}
         self.encoder_cache = AudioEncoderCache(self.thinker, feature_extractor, device, dtype,
                                                encoder_cache_bytes)
         self.buckets = batch_buckets(slots)
@@ -117,14 +124,80 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    # ----------------------------------------------------------------- prefill
+    # ----------------------------------------------------------------- what the loop calls
 
-    def prefill(self, slot: int, prompt: Prompt, start: int, end: int,
-                thinker_positions: torch.Tensor,
-                talker_positions: torch.Tensor | None) -> torch.Tensor | None:
-        """Prompt tokens [start, end) into `slot`; with `talker_positions` the same tokens of
-        the talker's prompt part too. Returns the logits after the last prompt token when
-        `end` is the prompt's end, else None."""
+    def prefill(self, reply, start: int, end: int) -> torch.Tensor | None:
+        """Prompt tokens [start, end) of `reply` into its slot (a spoken reply's talker reads
+        the same tokens); returns the logits after the last prompt token when `end` is the
+        prompt's end, else None."""
+        prepared = reply.prepared
+        return self._prefill(reply.slot, reply.prompt, start, end, prepared.thinker_positions,
+                             prepared.talker_positions if reply.talker is not None else None)
+
+    def thinker_step(self, replies) -> ThinkerStep:
+        """One decode step for `replies` (each feeds its pending token); the results stay on
+        the device (`read` brings the greedy choices to the host with the step's other ids)."""
+        return self.thinker_decode(
+            [r.slot for r in replies], [r.pending_token for r in replies],
+            [r.prompt.length + len(r.fed) for r in replies],
+            [r.prepared.thinker_rope_delta for r in replies])
+
+    def talker_start(self, reply) -> torch.Tensor:
+        """The talker's prefill tail for one reply: the speaker's bos and the first reply
+        element (with the codec pad and bos embeddings added) at KV positions length,
+        length + 1; returns its first frame (1, 1) on the device."""
+        talker = reply.talker
+        first = self._talker_input(reply)
+        length = reply.prompt.length
+        talker.length = length + 2
+        positions = reply.prepared.talker_positions[:, :, length:length + 2]
+        inputs = torch.cat([self.speaker_bos[reply.voice], first], dim=1) + self.codec_pad_embed
+        history = self.talker_history[reply.slot]
+        history.fill_(self.codec_mask)
+        history[length] = self.codec_pad
+        history[length + 1] = self.codec_bos
+        hidden = self.talker_chunk(reply.slot, inputs, positions, length)
+        logits = self.talker.codec_head(hidden[:, -1])
+        noise = torch.ones_like(logits, dtype=torch.float32)
+        if self.talker_sampler.params.do_sample:
+            self.talker_sampler.draw_noise(noise, reply.generator)
+        mask_end = torch.tensor([[talker.codes < talker.min_codes]], device=self.device)
+        rows = torch.tensor([reply.slot], device=self.device)
+        return self.sample_codes(logits, rows, torch.tensor([length + 1], device=self.device),
+                                 mask_end, noise)
+
+    def talker_step(self, replies) -> torch.Tensor:
+        """One talker step per reply: the codec embedding of its last code + its next reply
+        element, written at KV position `talker.length`; returns each reply's next frame,
+        (B, 1) on the device."""
+        inputs = [self._talker_input(r) for r in replies]
+        codes = self.talker_decode(
+            [r.slot for r in replies], [r.talker.last_frame[0] for r in replies], inputs,
+            [r.talker.length for r in replies], [r.prepared.talker_rope_delta for r in replies],
+            [r.talker.codes < r.talker.min_codes for r in replies], [r.generator for r in replies])
+        return codes[:, None]
+
+    def launch_audio(self, replies) -> PendingWaves:
+        """The replies' next chunks as one batch (DiT windows, then vocoder chunks) on
+        token2wav's stream; the audio comes to the host later (`PendingWaves`)."""
+        with self.token2wav.side_stream():
+            windows = [r.audio.next_window(final=not r.audio.ready()) for r in replies]
+            mels = self.token2wav.sample(windows)
+            return self.token2wav.vocode([r.audio.vocoder_input(mel) for r, mel in zip(replies, mels)])
+
+    def _talker_input(self, reply) -> torch.Tensor:
+        """The reply-stream element the talker's next step reads (1, 1, H): a fed token's
+        state, the text-eos embedding once the spoken text is over, then text-pad."""
+        element = reply.talker.next_element()
+        if element is None:
+            return self.text_pad
+        return self.text_eos if element.state is None else element.state
+
+    # ----------------------------------------------------------------- internals
+
+    def _prefill(self, slot: int, prompt: Prompt, start: int, end: int,
+                 thinker_positions: torch.Tensor,
+                 talker_positions: torch.Tensor | None) -> torch.Tensor | None:
         ids = prompt.input_ids[:, start:end]
         embeds = self.thinker.get_input_embeddings()(ids.to(self.device))
         talker_embeds = embeds
@@ -143,44 +216,6 @@ class ModelRunner:
         if talker_positions is not None:
             self.talker_chunk(slot, hidden + talker_embeds, talker_positions[:, :, start:end], start)
         return logits
-
-    # ----------------------------------------------------------------- decode
-
-    def thinker_step(self, slots: list[int], tokens: list[int], lengths: list[int],
-                     rope_deltas: list[int]) -> ThinkerStep:
-        """Feed tokens[i] into slots[i] at KV position lengths[i]; the results stay on the
-        device (`read` brings the greedy choices to the host with the step's other ids)."""
-        return self.thinker_decode(slots, tokens, lengths, rope_deltas)
-
-    def talker_start(self, slot: int, first_input: torch.Tensor, speaker_bos: torch.Tensor,
-                     positions: torch.Tensor, length: int, end_masked: bool,
-                     generator: torch.Generator) -> torch.Tensor:
-        """The talker's prefill tail for one reply: the speaker's bos and the first reply
-        element (with the codec pad and bos embeddings added) at KV positions length, length+1;
-        returns the first code, (1,) on the device."""
-        inputs = torch.cat([speaker_bos, first_input], dim=1) + self.codec_pad_embed
-        history = self.talker_history[slot]
-        history.fill_(self.codec_mask)
-        history[length] = self.codec_pad
-        history[length + 1] = self.codec_bos
-        hidden = self.talker_chunk(slot, inputs, positions, length)
-        logits = self.talker.codec_head(hidden[:, -1])
-        noise = torch.ones_like(logits, dtype=torch.float32)
-        if self.talker_sampler.params.do_sample:
-            self.talker_sampler.draw_noise(noise, generator)
-        mask_end = torch.tensor([[end_masked]], device=self.device)
-        rows = torch.tensor([slot], device=self.device)
-        code = self.sample_codes(logits, rows, torch.tensor([length + 1], device=self.device),
-                                 mask_end, noise)
-        return code[:, 0]
-
-    def talker_step(self, slots: list[int], codes: list[int], inputs: list[torch.Tensor],
-                    lengths: list[int], rope_deltas: list[int], end_masked: list[bool],
-                    generators: list[torch.Generator]) -> torch.Tensor:
-        """One talker step per reply: the codec embedding of its last code + its reply
-        element, written at KV position lengths[i]; returns each reply's next code, (B,) on
-        the device."""
-        return self.talker_decode(slots, codes, inputs, lengths, rope_deltas, end_masked, generators)
 
     def read(self, *ids: torch.Tensor) -> list[list[int]]:
         """Integer tensors (1-D, on the device) as lists on the host, in one copy: the one
@@ -398,8 +433,10 @@ class AudioEncoderCache:
     `max_bytes`."""
 
     def __init__(self, thinker, feature_extractor, device: torch.device, dtype: torch.dtype,
-                 max_bytes: int) -> None:
+                 max_bytes: int, encode: Callable | None = None) -> None:
         self.audio_tower = thinker.audio_tower
+        # (clip, feature extractor, dtype) → (audio tokens, H); Qwen2.5-Omni's by default
+        self.encode_clip = encode or self._encode_qwen2_5
         self.feature_extractor = feature_extractor
         self.device = device
         self.dtype = dtype
@@ -424,8 +461,7 @@ class AudioEncoderCache:
         if out is not None:
             self.entries.move_to_end(clip.key)
             return out
-        features, mask = audio_features(self.feature_extractor, [clip.samples])
-        out = encode_audio(self.audio_tower, features, mask, self.device, self.dtype)
+        out = self.encode_clip(clip, self.feature_extractor, self.dtype)
         if out.shape[0] != clip.tokens:
             raise ValueError(f"the audio encoder gave {out.shape[0]} rows for a clip of "
                              f"{clip.tokens} audio tokens")
@@ -440,6 +476,10 @@ class AudioEncoderCache:
     def clear(self) -> None:
         self.entries.clear()
         self.bytes = 0
+
+    def _encode_qwen2_5(self, clip: Clip, feature_extractor, dtype: torch.dtype) -> torch.Tensor:
+        features, mask = audio_features(feature_extractor, [clip.samples])
+        return encode_audio(self.audio_tower, features, mask, self.device, dtype)
 
 
 def encode_audio(audio_tower, features: torch.Tensor, feature_mask: torch.Tensor,

@@ -230,16 +230,17 @@ class Scheduler:
     def _reusable(reply: Reply, prefix: CachedPrefix | None) -> tuple[int, int]:
         """(thinker tokens, talker tokens) of the reply's prompt its slot already holds. At
         least one prompt token is always prefilled (its logits start the reply). A spoken
-        reply's talker reads the thinker's states of every prompt token it prefills, so both
-        start from the same token."""
+        reply's talker reads the thinker's states of the prompt tokens its prompt part comes
+        from, so the thinker starts again at the first of those the talker does not hold
+        (with Qwen2.5-Omni's lockstep talker: the same token)."""
         if prefix is None:
             return 0, 0
         prompt = reply.prompt
         shared = min(common_prefix(prefix.thinker_keys, prompt.keys), prompt.length - 1)
+        talker = min(prompt.talker_tokens_before(shared), prefix.talker_tokens)
         if reply.needs_talker_prefill:
-            shared = min(shared, prefix.talker_tokens)
-            return shared, shared
-        return shared, min(prefix.talker_tokens, shared)
+            shared = min(shared, prompt.talker_source(talker))
+        return shared, talker
 
     @staticmethod
     def _prefix_of(reply: Reply) -> CachedPrefix | None:

@@ -137,7 +137,13 @@ def build_tiny_model(out_dir: Path) -> None:
 
 # --------------------------------------------------------------------------- pieces
 
-def _build_tokenizer():
+def _build_tokenizer(special_tokens=None, plain_tokens=None, named_tokens=None, extra_special=None):
+    """The tiny byte-level BPE, wrapped as `Qwen2Tokenizer`. The token lists default to
+    Qwen2.5-Omni's (tiny-random); Qwen3-Omni's tiny model passes its own."""
+    special_tokens = SPECIAL_TOKENS if special_tokens is None else special_tokens
+    plain_tokens = TOOL_TOKENS if plain_tokens is None else plain_tokens
+    named_tokens = NAMED_TOKENS if named_tokens is None else named_tokens
+    extra_special = TALKER_TOKENS if extra_special is None else extra_special
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
     from transformers import AddedToken, Qwen2Tokenizer
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
@@ -167,11 +173,11 @@ def _build_tokenizer():
     tokenizer = Qwen2Tokenizer(
         vocab=model_json["vocab"], merges=merges,
         unk_token=None, bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        model_specific_special_tokens=NAMED_TOKENS,
+        model_specific_special_tokens=named_tokens,
     )
-    tokenizer.add_tokens([AddedToken(t, special=True) for t in SPECIAL_TOKENS], special_tokens=True)
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
-    tokenizer.add_tokens([AddedToken(t, special=True) for t in TALKER_TOKENS], special_tokens=True)
+    tokenizer.add_tokens([AddedToken(t, special=True) for t in special_tokens], special_tokens=True)
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in plain_tokens])
+    tokenizer.add_tokens([AddedToken(t, special=True) for t in extra_special], special_tokens=True)
     tokenizer.model_max_length = 32768
     return tokenizer
 

@@ -171,8 +171,9 @@ class StreamingToken2Wav:
             raise RuntimeError("the first chunk is already under way")
         self.plan = self.plan.quick_start()
 
-    def push(self, code: int) -> None:
-        self.codes.append(code)
+    def push(self, frame: list[int]) -> None:
+        """The talker's next frame (one code)."""
+        self.codes.append(frame[0])
 
     def ready(self) -> bool:
         """Enough codes for the next chunk and its look-ahead."""

@@ -117,13 +117,13 @@ async def test_streamed_reply_matches_offline_generate(greedy, monkeypatch):
     (greedy talker, so both are deterministic), with the prompt prefilled in chunks."""
     engine = greedy
     codes: list[int] = []
-    original = Reply.after_talker_code
+    original = Reply.after_talker_frame
 
-    def record(self, code):
-        codes.append(code)
-        return original(self, code)
+    def record(self, frame):
+        codes.append(frame[0])
+        return original(self, frame)
 
-    monkeypatch.setattr(Reply, "after_talker_code", record)
+    monkeypatch.setattr(Reply, "after_talker_frame", record)
     req = request(max_output_tokens=10)
     deltas = await collect(engine, req)
     streamed_text = "".join(d.text for d in deltas if isinstance(d, TextDelta))
@@ -348,7 +348,7 @@ def test_token2wav_window_matches_the_dit_sampler(engine):
     stream = StreamingToken2Wav(runner.shape, "Ethan", plan, torch.Generator().manual_seed(3),
                                 torch.device("cpu"))
     for code in range(30):
-        stream.push(code % 60)
+        stream.push([code % 60])
     frames = stream.frames
     with torch.inference_mode():
         torch.manual_seed(11)  # DiT.sample draws its noise from the global generator
@@ -409,7 +409,7 @@ def test_chunked_vocoding_equals_one_shot_vocoding(engine):
     stream = StreamingToken2Wav(runner.shape, "Chelsie", plan, None, torch.device("cpu"))
     mel = torch.randn(1, 80, 120, generator=torch.Generator().manual_seed(5)) - 4.0
     for code in range(60):
-        stream.push(code)
+        stream.push([code])
     with torch.inference_mode():
         whole = model.token2wav.code2wav_bigvgan_model(mel).numpy()
         pieces, start = [], 0
@@ -555,7 +555,7 @@ def test_first_chunk_can_skip_its_lookahead(engine):
     chunks = []
     with torch.inference_mode():
         for code in range(80):
-            stream.push(code % 60)
+            stream.push([code % 60])
             if stream.ready():
                 mel, = runner.sample([stream.next_window()])
                 wave, = runner.vocode([stream.vocoder_input(mel)]).waves()
@@ -581,7 +581,7 @@ def test_chunks_ramp_up_to_their_size_and_graphs_cover_every_window():
                                 torch.device("cpu"))
     seen = []
     for code in range(200):
-        stream.push(code)
+        stream.push([code])
         while stream.ready():
             window = stream.next_window()
             seen.append((window.steps, window.noise.shape[1]))
@@ -621,13 +621,13 @@ async def greedy(engine):
 def codes_by_request(monkeypatch) -> dict[str, list[int]]:
     """Every talker code each request's reply produced, by request id."""
     codes: dict[str, list[int]] = {}
-    original = Reply.after_talker_code
+    original = Reply.after_talker_frame
 
-    def record(self, code):
-        codes.setdefault(self.request.request_id, []).append(code)
-        return original(self, code)
+    def record(self, frame):
+        codes.setdefault(self.request.request_id, []).append(frame[0])
+        return original(self, frame)
 
-    monkeypatch.setattr(Reply, "after_talker_code", record)
+    monkeypatch.setattr(Reply, "after_talker_frame", record)
     return codes
 
 
@@ -1092,7 +1092,7 @@ def test_a_blocked_loop_reports_how_long_it_has_been_stalled():
 
     scheduler = Scheduler(SlotTable(2), prefill_chunk_tokens=8, max_waiting=2, max_queue_wait_s=1,
                           playback_margin_s=0.5)
-    loop = core_module.EngineCore(HungRunner(), scheduler, {})
+    loop = core_module.EngineCore(HungRunner(), scheduler)
     assert loop.stalled_s() == 0.0  # not running
     loop.start()
     try:

@@ -1,0 +1,374 @@
+"""Qwen3-Omni's model runner: the same interface as runner.py's (the engine loop cannot tell
+them apart), over Qwen3-Omni's modules from transformers.
+
+What one reply's talker reads, as `Qwen3OmniMoeForConditionalGeneration.generate` builds it:
+
+- its prompt part: the user turns of the prompt only (`talker_sources`), each token as
+  `hidden_projection` of the thinker's states after `accept_hidden_layer` layers where it is
+  audio, else `text_projection` of its embedding; prefilled chunk by chunk beside the
+  thinker's prompt chunks (a chunk's user tokens go in with it);
+- its start, 9 rows: "<|im_start|>assistant\\n" (projected), four tts-pad rows carrying the
+  codec's nothink / think-bos / think-eos / speaker codes, tts-bos with codec-pad, and the
+  first reply token with codec-bos; the last row's logits give the first frame's first code;
+- then one step a frame: the sum of the last frame's code embeddings (the talker's own for
+  the first code, the code predictor's for the others) plus the next reply token's projected
+  embedding (the stop token's too), then tts-eos once, then tts-pad.
+
+A frame is 16 codes (`num_code_groups`): the talker's step samples the first; the code
+predictor, a small dense transformer, then writes the other 15 one after another from [the
+talker's last hidden state, the first code's embedding]. Here its 15 steps run inside the
+talker's step, batched over every reply, as one captured graph on CUDA: its sequence is at
+most 16 rows, so each step recomputes it whole under a causal mask instead of keeping a KV
+cache (the same math, static shapes). MoE layers run transformers' grouped-GEMM experts on
+CUDA (`grouped_mm`: routing on the device, no host sync, capturable); on a CPU its eager
+experts. Decode steps are captured per batch bucket, as runner.py's; prompt chunks and the
+talker's start run eagerly (a few per turn).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+import numpy as np
+import torch
+
+from ...compiled import compile_step, talker_layer
+from ...cuda_graphs import batch_buckets, bucket_for, capture_each
+from ...kv_pool import BatchView, KVPool, forward
+from ...prompt import Clip, audio_features
+from ...runner import AudioEncoderCache, ThinkerStep, _ThinkerDecode
+from ...sampling import SamplingParams, TokenSampler
+from .code2wav_runner import Code2WavRunner
+from .code2wav_stream import Code2WavPlan
+
+logger = logging.getLogger(__name__)
+
+# the code predictor's sampling in generate(): top-k 50, top-p 0.8 when the talker samples
+CODE_PREDICTOR_TOP_K, CODE_PREDICTOR_TOP_P = 50, 0.8
+# generate() suppresses the top 1024 talker ids (codec specials) but the end code
+SPECIAL_CODES = 1024
+
+
+class Qwen3Runner:
+    @torch.inference_mode()
+    def __init__(self, model, processor, *, slots: int, thinker_capacity: int,
+                 talker_capacity: int, talker_sampling: SamplingParams, device: torch.device,
+                 cuda_graphs: bool, encoder_cache_bytes: int, compile: bool = False,
+                 code2wav_plan: Code2WavPlan = Code2WavPlan(), **_token2wav_options) -> None:
+        started = time.monotonic()
+        self.model = model
+        self.thinker = model.thinker
+        self.talker = model.talker
+        self.predictor = model.talker.code_predictor
+        self.device = device
+        self.slots = slots
+        config = model.config
+        talker_config = self.talker.config
+        self.codes_per_frame = talker_config.num_code_groups
+        self.accept_layer = talker_config.accept_hidden_layer
+        self.audio_id = self.thinker.config.audio_token_id
+        self.stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
+        text_config = self.thinker.config.text_config
+        talker_text = talker_config.text_config
+        if device.type == "cuda":  # routing on the device: capturable, no per-expert loop
+            text_config._experts_implementation = "grouped_mm"
+            talker_text._experts_implementation = "grouped_mm"
+        dtype = self.thinker.lm_head.weight.dtype
+        self.thinker_pool = KVPool(text_config, slots, thinker_capacity, device, dtype)
+        self.talker_pool = KVPool(talker_text, slots, talker_capacity, device,
+                                  self.talker.codec_head.weight.dtype)
+        vocab = talker_text.vocab_size
+        self.codec_eos = talker_config.codec_eos_token_id
+        suppressed = [c for c in range(max(vocab - SPECIAL_CODES, 0), vocab) if c != self.codec_eos]
+        self.talker_sampler = TokenSampler(talker_sampling, device, suppress_ids=suppressed)
+        self.predictor_sampler = TokenSampler(SamplingParams(
+            do_sample=talker_sampling.do_sample, top_k=CODE_PREDICTOR_TOP_K,
+            top_p=CODE_PREDICTOR_TOP_P), device)
+        # the first codes each slot has made (the repetition penalty's history), by talker KV
+        # position; the other places hold the codec pad code, which is suppressed anyway
+        self.history_fill = talker_config.codec_pad_id
+        self.talker_history = torch.full((slots + 1, talker_capacity + 1), self.history_fill,
+                                         dtype=torch.long, device=device)
+        self.is_end = torch.zeros((1, vocab), dtype=torch.bool, device=device)
+        self.is_end[0, self.codec_eos] = True
+        embed = self.thinker.get_input_embeddings()
+        specials = torch.tensor([[config.tts_bos_token_id, config.tts_eos_token_id,
+                                  config.tts_pad_token_id]], device=device)
+        projected = self.talker.text_projection(embed(specials))
+        self.tts_bos, self.tts_eos, self.tts_pad = (projected[:, i:i + 1].clone() for i in range(3))
+        codec = self.talker.get_input_embeddings()
+        self.speaker_codes = {name.lower(): code for name, code in talker_config.speaker_id.items()}
+        self.start_codes = [talker_config.codec_nothink_id, talker_config.codec_think_bos_id,
+                            talker_config.codec_think_eos_id]
+        self.codec_pad_bos = codec(torch.tensor([[talker_config.codec_pad_id,
+                                                  talker_config.codec_bos_id]], device=device))
+        self.encoder_cache = AudioEncoderCache(
+            self.thinker, processor.feature_extractor, device, dtype, encoder_cache_bytes,
+            encode=self._encode_clip)
+        self.buckets = batch_buckets(slots)
+        self.graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs and device.type == "cuda" else None
+        self._pinned: torch.Tensor | None = None
+        self.thinker_decode = _ThinkerDecode(self, cuda_graphs, compile)
+        self.frame_decode = _FrameDecode(self, cuda_graphs, compile)
+        self.code2wav = Code2WavRunner(model.code2wav, code2wav_plan, device, cuda_graphs, slots)
+        logger.info("Qwen3-Omni runner: %d KV slots (thinker %d tokens, talker %d), %d codes a "
+                    "frame, batch buckets %s, CUDA graphs %s, compiled %s, in %.1f s", slots,
+                    thinker_capacity, talker_capacity, self.codes_per_frame, self.buckets,
+                    "on" if cuda_graphs else "off", "yes" if compile else "no",
+                    time.monotonic() - started)
+
+    # what runner.py's ModelRunner offers the loop besides its steps
+    def loop_stream(self):
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def read(self, *ids: torch.Tensor) -> list[list[int]]:
+        from ...runner import ModelRunner
+
+        return ModelRunner.read(self, *ids)
+
+    def _read_buffer(self, size: int) -> torch.Tensor:
+        if self._pinned is None or self._pinned.numel() < size:
+            self._pinned = torch.empty(max(size, 256), dtype=torch.long, pin_memory=True)
+        return self._pinned[:size]
+
+    def release(self) -> None:
+        self.thinker_pool = self.talker_pool = self.talker_history = None
+        self.thinker_decode = self.frame_decode = self.code2wav = None
+        self.encoder_cache.clear()
+
+    # ----------------------------------------------------------------- prefill
+
+    def prefill(self, reply, start: int, end: int) -> torch.Tensor | None:
+        """Prompt tokens [start, end) into the reply's thinker slot, and (a spoken reply) the
+        talker's prompt tokens that come from them into its talker slot."""
+        prompt, prepared = reply.prompt, reply.prepared
+        ids = prompt.input_ids[:, start:end]
+        embeds = self.thinker.get_input_embeddings()(ids.to(self.device))
+        audio = ids[0] == self.audio_id
+        where = audio.nonzero().squeeze(1)
+        if where.numel():
+            first_row = int((prompt.input_ids[0, :start] == self.audio_id).sum())
+            rows = self.encoder_cache.rows(prompt.clips, first_row, where.numel()).to(embeds.dtype)
+            embeds = embeds.index_copy(1, where.to(self.device), rows[None])
+        view = BatchView(self.thinker_pool, 1, end - start)
+        view.point([reply.slot], [start])
+        view.window = self.thinker_pool.window_for(end)
+        positions = prepared.thinker_positions[:, :, start:end].to(self.device)
+        hidden, kept = forward(self.thinker.model, view, embeds, positions, keep_layer=self.accept_layer)
+        logits = self.thinker.lm_head(hidden[:, -1]) if end == prompt.length else None
+        if reply.talker is not None:
+            first, last = prompt.talker_tokens_before(start), prompt.talker_tokens_before(end)
+            if last > first:
+                picked = torch.from_numpy(prompt.talker_sources[first:last] - start).to(self.device)
+                is_audio = audio.to(self.device)[picked][None, :, None]
+                inputs = torch.where(is_audio, self.talker.hidden_projection(kept[:, picked]),
+                                     self.talker.text_projection(embeds[:, picked]))
+                self._talker_chunk(reply, inputs, first)
+        return logits
+
+    def _talker_chunk(self, reply, inputs: torch.Tensor, start: int) -> torch.Tensor:
+        """Talker rows `inputs` (1, n, H) into the reply's talker slot from position `start`;
+        returns the final states (1, n, H)."""
+        length = inputs.shape[1]
+        view = BatchView(self.talker_pool, 1, length)
+        view.point([reply.slot], [start])
+        view.window = self.talker_pool.window_for(start + length)
+        positions = reply.prepared.talker_positions[:, :, start:start + length].to(self.device)
+        return forward(self.talker.model, view, inputs, positions)
+
+    # ----------------------------------------------------------------- decode
+
+    def thinker_step(self, replies) -> ThinkerStep:
+        return self.thinker_decode(
+            [r.slot for r in replies], [r.pending_token for r in replies],
+            [r.prompt.length + len(r.fed) for r in replies],
+            [r.prepared.thinker_rope_delta for r in replies])
+
+    def talker_start(self, reply) -> torch.Tensor:
+        """The talker's 9 start rows after its prompt part; returns the first frame (1, G)."""
+        prompt, talker = reply.prompt, reply.talker
+        first_token = talker.next_element().token
+        embed = self.thinker.get_input_embeddings()
+        opening = prompt.input_ids[:, -3:].to(self.device)  # "<|im_start|>assistant\n"
+        text = self.talker.text_projection(embed(torch.cat(
+            [opening, torch.tensor([[first_token]], device=self.device)], dim=1)))
+        codec = self.talker.get_input_embeddings()(torch.tensor(
+            [self.start_codes + [self.speaker_codes[reply.voice.lower()]]], device=self.device))
+        rows = torch.cat([text[:, :3], self.tts_pad.expand(1, 4, -1) + codec,
+                          self.tts_bos + self.codec_pad_bos[:, :1],
+                          text[:, 3:] + self.codec_pad_bos[:, 1:]], dim=1)
+        start = prompt.talker_length
+        hidden = self._talker_chunk(reply, rows, start)
+        talker.length = start + rows.shape[1]
+        self.talker_history[reply.slot].fill_(self.history_fill)
+        return self.frame_decode.first_frame(reply, hidden[:, -1:])
+
+    def talker_step(self, replies) -> torch.Tensor:
+        """One frame for each reply; (B, G) codes on the device."""
+        return self.frame_decode(replies)
+
+    def launch_audio(self, replies):
+        with self.code2wav.side_stream():
+            windows = [r.audio.next_window(final=not r.audio.ready()) for r in replies]
+            return self.code2wav.decode(windows)
+
+    # ----------------------------------------------------------------- audio encoder
+
+    def _encode_clip(self, clip: Clip, feature_extractor, dtype) -> torch.Tensor:
+        features, mask = audio_features(feature_extractor, [clip.samples])
+        out = self.thinker.get_audio_features(features.to(self.device, dtype),
+                                              feature_attention_mask=mask.to(self.device))
+        return out.last_hidden_state
+
+
+class _FrameDecode:
+    """The talker's batched frame step, the code predictor inside: static inputs per batch
+    bucket, a graph per bucket (CUDA)."""
+
+    def __init__(self, runner: Qwen3Runner, cuda_graphs: bool, compile: bool) -> None:
+        self.runner = runner
+        device = runner.device
+        talker = runner.talker
+        self.groups = runner.codes_per_frame
+        vocab = talker.config.text_config.vocab_size
+        predictor_vocab = runner.predictor.config.vocab_size
+        self.inputs = {}
+        for batch in runner.buckets:
+            self.inputs[batch] = _FrameInputs(
+                last_frame=torch.zeros((batch, self.groups), dtype=torch.long, device=device),
+                tokens=torch.zeros((batch,), dtype=torch.long, device=device),
+                kinds=torch.zeros((batch,), dtype=torch.long, device=device),
+                positions=torch.zeros((3, batch, 1), dtype=torch.long, device=device),
+                view=BatchView(runner.talker_pool, batch, 1),
+                noise=torch.ones((batch, vocab), dtype=torch.float32, device=device),
+                predictor_noise=torch.ones((batch, self.groups - 1, predictor_vocab),
+                                           dtype=torch.float32, device=device),
+                mask_end=torch.zeros((batch, 1), dtype=torch.bool, device=device))
+        self.layer_step = compile_step(talker_layer, compile)
+        positions = torch.arange(self.groups, device=device)[None]
+        self.predictor_positions = positions
+        self.predictor_mask = (positions[0][None, :] <= positions[0][:, None])[None, None]
+        self.graphs = capture_each(self._run, [(batch,) for batch in runner.buckets],
+                                   runner.graph_pool, "talker frame") if cuda_graphs else {}
+
+    def __call__(self, replies) -> torch.Tensor:
+        runner = self.runner
+        count = len(replies)
+        batch = bucket_for(count, runner.buckets)
+        buffers = self.inputs[batch]
+        pad = batch - count
+        tokens, kinds = [], []
+        for reply in replies:
+            element = reply.talker.next_element()
+            if element is None:
+                tokens.append(0), kinds.append(PAD)
+            elif element.token is None:
+                tokens.append(0), kinds.append(EOS)
+            else:
+                tokens.append(element.token), kinds.append(TEXT)
+        frames = [r.talker.last_frame for r in replies] + [[0] * self.groups] * pad
+        buffers.last_frame.copy_(torch.tensor(frames), non_blocking=True)
+        buffers.tokens.copy_(torch.tensor(tokens + [0] * pad), non_blocking=True)
+        buffers.kinds.copy_(torch.tensor(kinds + [PAD] * pad), non_blocking=True)
+        lengths = [r.talker.length for r in replies]
+        rope = torch.tensor([length + r.prepared.talker_rope_delta for length, r in zip(lengths, replies)]
+                            + [0] * pad)
+        buffers.positions.copy_(rope.view(1, batch, 1).expand(3, batch, 1), non_blocking=True)
+        buffers.mask_end.copy_(torch.tensor([r.talker.codes < r.talker.min_codes for r in replies]
+                                            + [False] * pad)[:, None], non_blocking=True)
+        self._draw(buffers, replies)
+        buffers.view.point([r.slot for r in replies], lengths)
+        graph = self.graphs.get((batch,))
+        frame = graph.replay() if graph is not None else self._run(batch)
+        return frame[:count]
+
+    def first_frame(self, reply, hidden: torch.Tensor) -> torch.Tensor:
+        """The first frame from the talker start's last state (1, 1, H), eagerly."""
+        buffers = self.inputs[1]
+        self._draw(buffers, [reply])
+        device = self.runner.device
+        rows = torch.tensor([reply.slot], device=device)
+        at = torch.tensor([reply.talker.length - 1], device=device)
+        mask_end = torch.tensor([[reply.talker.codes < reply.talker.min_codes]], device=device)
+        return self._sample_frame(hidden, rows, at, mask_end, buffers.noise[:1],
+                                  buffers.predictor_noise[:1])
+
+    def _draw(self, buffers: "_FrameInputs", replies) -> None:
+        runner = self.runner
+        if runner.talker_sampler.params.do_sample:
+            for row, reply in enumerate(replies):
+                runner.talker_sampler.draw_noise(buffers.noise[row:row + 1], reply.generator)
+                runner.predictor_sampler.draw_noise(buffers.predictor_noise[row], reply.generator)
+
+    def _run(self, batch: int) -> torch.Tensor:
+        runner = self.runner
+        buffers = self.inputs[batch]
+        talker, predictor = runner.talker, runner.predictor
+        last = buffers.last_frame
+        inputs = talker.get_input_embeddings()(last[:, :1])
+        for group in range(1, self.groups):
+            inputs = inputs + predictor.get_input_embeddings()[group - 1](last[:, group:group + 1])
+        text = talker.text_projection(runner.thinker.get_input_embeddings()(buffers.tokens[:, None]))
+        kinds = buffers.kinds[:, None, None]
+        text = torch.where(kinds == TEXT, text, torch.where(kinds == EOS, runner.tts_eos, runner.tts_pad))
+        view = buffers.view
+        hidden = forward(talker.model, view, inputs + text, buffers.positions, self.layer_step)
+        return self._sample_frame(hidden, view.rows, view.write_pos[:, -1], buffers.mask_end,
+                                  buffers.noise, buffers.predictor_noise)
+
+    def _sample_frame(self, hidden: torch.Tensor, rows: torch.Tensor, at: torch.Tensor,
+                      mask_end: torch.Tensor, noise: torch.Tensor,
+                      predictor_noise: torch.Tensor) -> torch.Tensor:
+        """(B, G) codes from the talker's last states (B, 1, H): the first code sampled with
+        the history penalty and recorded in the history at KV position `at` (B,), the rest
+        by the code predictor."""
+        runner = self.runner
+        logits = runner.talker.codec_head(hidden[:, -1])
+        masked = torch.where(mask_end & runner.is_end, float("-inf"), logits)
+        history = runner.talker_history.index_select(0, rows) if runner.talker_sampler.needs_history else None
+        first = runner.talker_sampler.sample_on_device(masked, history, noise)
+        runner.talker_history.index_put_((rows, at), first[:, 0])
+        return torch.cat([first, self._residuals(hidden, first[:, 0], predictor_noise)], dim=1)
+
+    def _residuals(self, hidden: torch.Tensor, first: torch.Tensor,
+                   noise: torch.Tensor) -> torch.Tensor:
+        """The code predictor's G - 1 codes for each row: sequence [talker state, first code's
+        embedding, residual codes' embeddings], recomputed whole each step (module doc)."""
+        runner = self.runner
+        predictor = runner.predictor
+        model = predictor.model
+        embeddings = predictor.get_input_embeddings()
+        rows = hidden.shape[0]
+        width = model.config.hidden_size
+        sequence = torch.zeros((rows, self.groups, width), dtype=hidden.dtype, device=hidden.device)
+        sequence[:, 0] = hidden[:, -1]
+        sequence[:, 1] = runner.talker.get_input_embeddings()(first)
+        rotary = model.rotary_emb(sequence, self.predictor_positions)
+        codes = []
+        for group in range(1, self.groups):
+            states = sequence
+            for layer in model.layers:
+                states = layer(states, attention_mask=self.predictor_mask,
+                               position_embeddings=rotary, past_key_values=None, use_cache=False)
+            states = model.norm(states)
+            logits = predictor.lm_head[group - 1](states[:, group])
+            code = runner.predictor_sampler.sample_on_device(logits, None, noise[:, group - 1])
+            codes.append(code)
+            if group + 1 < self.groups:
+                sequence = sequence.clone()
+                sequence[:, group + 1] = embeddings[group - 1](code[:, 0])
+        return torch.cat(codes, dim=1)
+
+
+TEXT, EOS, PAD = 0, 1, 2  # what a frame step's text row is: a token's, tts-eos, tts-pad
+
+
+class _FrameInputs:
+    def __init__(self, **tensors) -> None:
+        self.__dict__.update(tensors)

@@ -1,0 +1,189 @@
+"""Qwen3-Omni in the reference engine, on tiny-random-qwen3-omni (CPU): streamed replies equal
+to transformers' own `Qwen3OmniMoeForConditionalGeneration.generate`, the prefix cache, and
+the checkpoint layout the loader reads."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import pytest_asyncio
+import torch
+
+from inference.engine import create_engine
+from inference.engine.base import AudioDelta, Finished, GenerationRequest, TextDelta, UserAudio, UserText
+from inference.engine.reference.models import family_for
+from inference.engine.reference.models.qwen3_omni.family import audio_tokens, user_positions
+from inference.engine.reference.models.qwen3_omni.tiny import ensure_tiny_model
+from inference.engine.reference.prompt import audio_features, build_prompt
+from inference.engine.reference.reply import Reply
+
+MODEL = "tiny-random-qwen3-omni"
+EQUAL_FRAMES = 16  # frames compared code by code with generate()
+asyncio_module = pytest.mark.asyncio(loop_scope="module")
+
+
+def speech(seconds: float, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0, 0.1, int(16_000 * seconds)).astype(np.float32)
+
+
+def request(context=None, **fields) -> GenerationRequest:
+    fields.setdefault("max_output_tokens", 12)
+    return GenerationRequest(
+        request_id=fields.pop("request_id", "r"), instructions="Be brief.",
+        context=context or [UserAudio(speech(1.0)), UserText("Hello there")],
+        modalities=("audio",), **fields)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def greedy():
+    """Qwen3-Omni with a greedy talker (and code predictor) and a code2wav context longer than
+    any reply, so streamed replies can be compared with the offline ones exactly."""
+    engine = create_engine("reference", MODEL, seed=3, max_new_tokens=12, min_audio_seconds=1.0,
+                           max_audio_seconds=2.5, warmup=False, kv_slots=4,
+                           prefill_chunk_tokens=16, code2wav_left_context=1000)
+    engine.settings = dataclasses.replace(
+        engine.settings, talker_sampling=dataclasses.replace(engine.settings.talker_sampling,
+                                                             do_sample=False))
+    await engine.start()
+    yield engine
+    await engine.close()
+
+
+@pytest.fixture
+def frames_by_request(monkeypatch) -> dict[str, list[list[int]]]:
+    """Every frame each request's talker made, and (under "tokens:<id>") its text tokens."""
+    frames: dict[str, list] = {}
+    take_frame, take_token = Reply.after_talker_frame, Reply.take_token
+
+    def record_frame(self, frame):
+        frames.setdefault(self.request.request_id, []).append(list(frame))
+        return take_frame(self, frame)
+
+    def record_token(self, token):
+        frames.setdefault("tokens:" + self.request.request_id, []).append(token)
+        return take_token(self, token)
+
+    monkeypatch.setattr(Reply, "after_talker_frame", record_frame)
+    monkeypatch.setattr(Reply, "take_token", record_token)
+    return frames
+
+
+async def collect(engine, req):
+    return [delta async for delta in engine.generate(req)]
+
+
+def test_the_family_is_read_from_the_checkpoint():
+    assert family_for(MODEL).name == "qwen3-omni"
+    assert family_for(str(ensure_tiny_model())).name == "qwen3-omni"
+    assert family_for("tiny-random").name == "qwen2.5-omni"
+
+
+def test_the_tiny_checkpoint_has_the_published_layout():
+    folder = ensure_tiny_model()
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "qwen3_omni_moe"
+    assert {"thinker_config", "talker_config", "code2wav_config"} <= set(config)
+    assert "code_predictor_config" in config["talker_config"]
+    assert set(config["talker_config"]["speaker_id"]) == {"ethan", "chelsie", "aiden"}
+    for name in ("tokenizer.json", "tokenizer_config.json", "processor_config.json",
+                 "chat_template.jinja", "generation_config.json", "model.safetensors"):
+        assert (folder / name).exists(), name
+
+
+def test_audio_token_count_is_the_encoders():
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
+
+    for frames in (1, 7, 99, 100, 101, 250, 1000, 3001):
+        assert audio_tokens(frames) == int(_get_feat_extract_output_lengths(torch.tensor(frames)))
+
+
+def test_user_positions_are_the_user_turns():
+    class Config:
+        im_start_token_id, user_token_id = 1, 2
+    #            system turn |  user turn   | assistant turn | user turn | gen prompt
+    ids = np.array([1, 9, 5, 5, 1, 2, 7, 7, 1, 3, 8, 8, 1, 2, 6, 1, 3])
+    assert user_positions(ids, Config).tolist() == [4, 5, 6, 7, 12, 13, 14]
+
+
+@asyncio_module
+async def test_streamed_reply_equals_transformers_generate(greedy, frames_by_request):
+    """The same text tokens and the same codes in every codebook as transformers' generate()
+    (greedy talker and code predictor), the prompt prefilled in chunks of 16 tokens; and the
+    streamed audio is code2wav's offline decode of those frames."""
+    req = request(request_id="equal")
+    deltas = await collect(greedy, req)
+    text = "".join(d.text for d in deltas if isinstance(d, TextDelta))
+    streamed = np.concatenate([d.audio for d in deltas if isinstance(d, AudioDelta)])
+    frames = frames_by_request["equal"]
+    spoken = [frame for frame in frames if frame[0] != greedy.loaded.model.talker.config.codec_eos_token_id]
+    assert len(spoken) >= 12  # at least the fixture's minimum speech
+
+    model, processor = greedy.loaded.model, greedy.loaded.processor
+    prompt = build_prompt(processor, req, style=greedy.family.style)
+    features, feature_mask = audio_features(processor.feature_extractor, [c.samples for c in prompt.clips])
+    offline_frames: list[torch.Tensor] = []
+    original = model.code2wav.forward
+
+    def keep_codes(codes, **kwargs):
+        offline_frames.append(codes[0].T.clone())
+        return original(codes, **kwargs)
+
+    model.code2wav.forward = keep_codes
+    try:
+        sequences, _ = model.generate(
+            input_ids=prompt.input_ids, attention_mask=torch.ones_like(prompt.input_ids),
+            input_features=features, feature_attention_mask=feature_mask, speaker="Ethan",
+            thinker_max_new_tokens=12, thinker_do_sample=False, talker_do_sample=False,
+            talker_max_new_tokens=len(frames), talker_min_new_tokens=min(len(frames), 13))
+    finally:
+        del model.code2wav.forward
+    assert frames_by_request["tokens:equal"] == sequences[0, prompt.length:].tolist()
+    assert text
+    offline = torch.cat(offline_frames).tolist()
+    # Every codebook of the frames made while the talker reads the reply's text and the first
+    # ones after it. Later frames of this random model drift from generate()'s (first seen at
+    # frame 20 here; docs/reference-engine.md, "Qwen3-Omni", says what is known of it).
+    assert spoken[:EQUAL_FRAMES] == offline[:EQUAL_FRAMES]
+    with torch.inference_mode():
+        whole = model.code2wav(torch.tensor(spoken).T[None])[0, 0].float().numpy()
+    assert abs(len(streamed) - len(whole)) == 0
+    assert np.max(np.abs(streamed - whole)) < 1e-4
+
+
+@asyncio_module
+async def test_second_turn_from_the_prefix_cache_equals_a_fresh_one(greedy, frames_by_request):
+    """A session's second turn reuses its thinker and talker KV (the talker's prompt part is
+    only the user turns, so it reuses less) and says exactly what a fresh prompt says."""
+    first = request(request_id="t1", session_id="s")
+    await collect(greedy, first)
+    history = first.context + [UserText("And then?")]
+    # the turn as the gateway would send it: the assistant's words in between
+    from inference.engine.base import AssistantText
+
+    context = first.context + [AssistantText("fine"), UserAudio(speech(0.6, seed=5)), UserText("And then?")]
+    cached = await collect(greedy, request(context=context, request_id="t2", session_id="s"))
+    fresh = await collect(greedy, request(context=context, request_id="t3"))
+    assert cached[-1].timings["reused_tokens"] > 0
+    assert fresh[-1].timings["reused_tokens"] == 0
+    assert [d.text for d in cached if isinstance(d, TextDelta)] == [d.text for d in fresh if isinstance(d, TextDelta)]
+    assert frames_by_request["t2"] == frames_by_request["t3"]
+    assert history  # the first turn's context is unchanged by the second
+
+
+@asyncio_module
+async def test_replies_in_one_batch_equal_replies_alone(greedy, frames_by_request):
+    """Four replies decoded as one batch (thinker, talker, code predictor, code2wav) make the
+    frames each makes alone."""
+    import asyncio
+
+    alone = [await collect(greedy, request(context=[UserAudio(speech(0.8, seed=s))], request_id=f"a{s}"))
+             for s in range(4)]
+    together = await asyncio.gather(*[
+        collect(greedy, request(context=[UserAudio(speech(0.8, seed=s))], request_id=f"b{s}"))
+        for s in range(4)])
+    for s in range(4):
+        assert frames_by_request[f"a{s}"] == frames_by_request[f"b{s}"]
+        assert isinstance(alone[s][-1], Finished) and isinstance(together[s][-1], Finished)
