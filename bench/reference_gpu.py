@@ -183,6 +183,73 @@ def build_7b_shaped(device: torch.device, dtype: torch.dtype) -> LoadedModel:
     return LoadedModel(model=model, processor=processor, device=device, dtype=dtype)
 
 
+# Qwen3-Omni-30B-A3B-Instruct's published config.json (thinker, talker, code predictor,
+# code2wav); only the token ids of the tokenizer are the tiny model's
+QWEN3_30B_A3B = dict(
+    thinker_text=dict(vocab_size=152064, hidden_size=2048, intermediate_size=768,
+                      num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
+                      head_dim=128, moe_intermediate_size=768, num_experts=128,
+                      num_experts_per_tok=8, norm_topk_prob=True, max_position_embeddings=65536,
+                      rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0,
+                                       "mrope_section": [24, 20, 20], "interleaved": True}),
+    audio=dict(num_mel_bins=128, encoder_layers=32, encoder_attention_heads=20, encoder_ffn_dim=5120,
+               d_model=1280, output_dim=2048, n_window=50, n_window_infer=800, conv_chunksize=500,
+               downsample_hidden_size=480, max_source_positions=1500),
+    talker=dict(num_code_groups=16, accept_hidden_layer=24, thinker_hidden_size=2048,
+                codec_pad_id=2148, codec_bos_id=2149, codec_eos_token_id=2150,
+                codec_nothink_id=2155, codec_think_bos_id=2156, codec_think_eos_id=2157,
+                speaker_id={"chelsie": 2301, "ethan": 2302, "aiden": 2303}),
+    talker_text=dict(vocab_size=3072, hidden_size=1024, intermediate_size=2048, num_hidden_layers=20,
+                     num_attention_heads=16, num_key_value_heads=2, head_dim=128, num_experts=128,
+                     num_experts_per_tok=6, moe_intermediate_size=384,
+                     shared_expert_intermediate_size=768, norm_topk_prob=True,
+                     max_position_embeddings=65536,
+                     rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0,
+                                      "mrope_section": [24, 20, 20], "interleaved": True}),
+    code_predictor=dict(vocab_size=2048, hidden_size=1024, intermediate_size=3072, num_hidden_layers=5,
+                        num_attention_heads=16, num_key_value_heads=8, head_dim=128, num_code_groups=16),
+    code2wav=dict(codebook_size=2048, num_quantizers=16, hidden_size=1024, intermediate_size=3072,
+                  num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=16,
+                  sliding_window=72, decoder_dim=1536, upsample_rates=[8, 5, 4, 3],
+                  upsampling_ratios=[2, 2]),
+)
+
+
+def build_qwen3_30b_a3b_shaped(device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """Random Qwen3-Omni-30B-A3B-shaped model on `device`, built there directly (its
+    tokenizer and processor are tiny-random-qwen3-omni's)."""
+    from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration, Qwen3OmniMoeProcessor
+
+    from inference.engine.reference.models.qwen3_omni import tiny
+
+    tiny_config = json.loads((tiny.ensure_tiny_model() / "config.json").read_text())
+    processor = Qwen3OmniMoeProcessor.from_pretrained(tiny.ensure_tiny_model())
+    shapes = QWEN3_30B_A3B
+    thinker = dict(tiny_config["thinker_config"])
+    thinker.update(text_config=shapes["thinker_text"], audio_config=shapes["audio"])
+    thinker["vision_config"] = dict(thinker["vision_config"], out_hidden_size=2048)
+    talker = dict(tiny_config["talker_config"], **shapes["talker"], text_config=shapes["talker_text"],
+                  code_predictor_config=shapes["code_predictor"])
+    top = {key: value for key, value in tiny_config.items()
+           if key.endswith("_token_id") and key not in ("pad_token_id", "bos_token_id", "eos_token_id")}
+    config = Qwen3OmniMoeConfig(thinker_config=thinker, talker_config=talker,
+                                code2wav_config=shapes["code2wav"], enable_audio_output=True, **top)
+    started = time.monotonic()
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = Qwen3OmniMoeForConditionalGeneration(config)
+    finally:
+        torch.set_default_dtype(previous)
+    model.eval()
+    model.generation_config.eos_token_id = [processor.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    params = sum(p.numel() for p in model.parameters())
+    print(f"built Qwen3-Omni-30B-A3B-shaped random model: {params / 1e9:.2f} B parameters "
+          f"in {time.monotonic() - started:.1f} s")
+    return LoadedModel(model=model, processor=processor, device=device, dtype=dtype)
+
+
 def bench_request(index: int, args, context=None, session_id=None) -> GenerationRequest:
     rng = np.random.default_rng(index)
     audio = (rng.normal(0, 0.05, int(16_000 * args.input_seconds))).astype(np.float32)
@@ -256,6 +323,7 @@ async def run(args) -> None:
     levels = levels_of(args.sessions)
     variant_levels = levels_of(args.variant_sessions) if args.variant_sessions else levels[:1]
     print(machine_info(device), flush=True)
+    print(f"model family: {args.model} ({'tiny random' if args.tiny else 'random weights at the published shapes'})", flush=True)
     if args.check:
         await check_graphs(device, args)
     steady, variant_steady = levels_of(args.steady), levels_of(args.variant_steady)
@@ -274,9 +342,19 @@ async def run(args) -> None:
             options[key] = json.loads(value)
         except json.JSONDecodeError:
             options[key] = value
-    if args.tiny:
+    if args.tiny and args.model == "qwen3-omni":
+        from inference.engine.reference.models.qwen3_omni.family import Qwen3OmniFamily
+
+        name = "tiny-random-qwen3-omni"
+        loaded = await asyncio.to_thread(Qwen3OmniFamily().load, name, device, torch.float32)
+    elif args.tiny:
         name = "tiny-random"
         loaded = await asyncio.to_thread(load_model, name, device, torch.float32)
+    elif args.model == "qwen3-omni":
+        name = "random-qwen3-omni-30b-a3b-shaped"
+        from inference.engine.reference.loading import resolve_dtype
+
+        loaded = await asyncio.to_thread(build_qwen3_30b_a3b_shaped, device, resolve_dtype(args.dtype, device))
     else:
         name = "random-7b-shaped"
         from inference.engine.reference.loading import resolve_dtype
@@ -303,7 +381,7 @@ async def run_variant(name: str, loaded: LoadedModel, variant: str, options: dic
     started = time.monotonic()
     await engine.start_with_model(loaded)
     print(f"\n== variant {variant} {overrides}  started in {time.monotonic() - started:.1f} s  "
-          f"KV slots {engine.capacity}  graphs: token2wav {engine.runner.token2wav.graphed}  "
+          f"KV slots {engine.capacity}  graphs: {audio_graphs(engine.runner)}  "
           f"GPU memory in use {gpu_memory(device)}", flush=True)
     await one_session(engine, 999, args)  # untimed extra warm-up
     if args.profile_steps and device.type == "cuda":
@@ -319,6 +397,12 @@ async def run_variant(name: str, loaded: LoadedModel, variant: str, options: dic
     if turns:
         await run_conversation(engine, turns, args)
     await engine.close()
+
+
+def audio_graphs(runner) -> str:
+    """What of the audio decoder runs from CUDA graphs (the family's token2wav or code2wav)."""
+    decoder = getattr(runner, "token2wav", None) or getattr(runner, "code2wav", None)
+    return f"{type(decoder).__name__} {decoder.graphed}"
 
 
 async def run_burst(engine: ReferenceEngine, levels: list[int], args, device: torch.device) -> None:
@@ -627,7 +711,10 @@ async def check_graphs(device: torch.device, args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tiny", action="store_true", help="tiny-random on cpu")
+    parser.add_argument("--tiny", action="store_true", help="the model family's tiny random model on cpu")
+    parser.add_argument("--model", choices=("qwen2.5-omni", "qwen3-omni"), default="qwen2.5-omni",
+                        help="the model family: random weights at Qwen2.5-Omni-7B's or "
+                             "Qwen3-Omni-30B-A3B's published shapes (the results name it)")
     parser.add_argument("--sessions", default=None,
                         help="concurrency levels (default 1,4,8,16,32,64; --tiny 1,4)")
     parser.add_argument("--repeats", type=int, default=2, help="rounds per level")

@@ -44,10 +44,14 @@ class Code2WavRunner:
         if cuda_graphs:
             started = time.monotonic()
             lengths = sorted(set(plan.window_lengths()) | set(plan.quick_start().window_lengths()))
-            with torch.inference_mode():
-                for frames in lengths:
-                    for batch in self.buckets:
-                        self._graphs[frames, batch] = _Decoder(self, frames, batch)
+            try:
+                with torch.inference_mode():
+                    for frames in lengths:
+                        for batch in self.buckets:
+                            self._graphs[frames, batch] = _Decoder(self, frames, batch)
+            except RuntimeError as error:  # a decoder that cannot be captured still runs, eagerly
+                logger.warning("code2wav runs eagerly: its capture failed (%s)", error)
+                self._graphs.clear()
             logger.info("code2wav CUDA graphs in %.1f s: (frames, batch) %s",
                         time.monotonic() - started, sorted(self._graphs))
 
