@@ -620,6 +620,8 @@ def profile_steps(engine: ReferenceEngine, args) -> None:
             times.append(start.elapsed_time(end))
         return statistics.median(times)
 
+    if hasattr(runner, "frame_decode"):
+        return profile_qwen3_steps(engine, timed, args)
     costs: dict[str, dict] = {"thinker": {}, "talker": {}, "ode": {}, "vocoder": {}}
     for name, decode in (("thinker", runner.thinker_decode), ("talker", runner.talker_decode)):
         for (batch,), step in sorted(decode.graphs.items()):
@@ -634,6 +636,70 @@ def profile_steps(engine: ReferenceEngine, args) -> None:
     print("\n== captured steps (ms, median of 20 replays)", flush=True)
     for name, table in costs.items():
         print(f"{name:>8}: " + "  ".join(f"{key} {ms:.2f}" for key, ms in table.items()), flush=True)
+    if args.costs_out:
+        Path(args.costs_out).write_text(json.dumps(costs, indent=1))
+
+
+def profile_qwen3_steps(engine: ReferenceEngine, timed, args) -> None:
+    """Qwen3-Omni's steps (ms, median of 20): the captured thinker and frame steps and the
+    code predictor alone per batch bucket, code2wav per window, and the eager parts on the
+    way to the first audio (the audio encoder on 3 s, a 64-token prompt chunk, the talker's
+    start rows), every KV write on the pool's scratch row."""
+    import json
+
+    from inference.engine.reference.cuda_graphs import CapturedStep
+    from inference.engine.reference.kv_pool import BatchView, forward
+    from inference.engine.reference.prompt import Clip
+
+    runner = engine.runner
+    frame = runner.frame_decode
+    costs: dict[str, dict] = {"thinker": {}, "frame": {}, "code_predictor": {}, "code2wav": {},
+                              "eager": {}}
+    for (batch,), step in sorted(runner.thinker_decode.graphs.items()):
+        runner.thinker_decode.inputs[batch][2].point([], [])
+        costs["thinker"][batch] = timed(step)
+    for (batch,), step in sorted(frame.graphs.items()):
+        frame.inputs[batch].view.point([], [])
+        costs["frame"][batch] = timed(step)
+        width = runner.talker.config.text_config.hidden_size
+        hidden = torch.zeros((batch, 1, width), dtype=runner.talker.codec_head.weight.dtype,
+                             device=runner.device)
+        first = torch.zeros((batch,), dtype=torch.long, device=runner.device)
+        noise = frame.inputs[batch].predictor_noise
+        costs["code_predictor"][batch] = timed(CapturedStep(lambda: frame._residuals(hidden, first, noise)))
+    for (frames, batch), decoder in sorted(runner.code2wav._graphs.items()):
+        costs["code2wav"][f"{frames}/{batch}"] = timed(decoder.step)
+
+    class Eager:  # an eager call timed like a replay
+        def __init__(self, call):
+            self.replay = call
+
+    samples = np.random.default_rng(0).normal(0, 0.05, 48_000).astype(np.float32)
+    clip = Clip(key=1, samples=samples, frames=300, tokens=39)
+    dtype = runner.thinker.lm_head.weight.dtype
+    costs["eager"]["audio_encoder_3s"] = timed(Eager(lambda: runner._encode_clip(
+        clip, engine.loaded.processor.feature_extractor, dtype)))
+    hidden_size = runner.thinker.config.text_config.hidden_size
+    embeds = torch.zeros((1, 64, hidden_size), dtype=dtype, device=runner.device)
+    positions = torch.arange(64, device=runner.device).view(1, 1, 64).expand(3, 1, 64)
+    view = BatchView(runner.thinker_pool, 1, 64)
+    view.point([], [])
+    costs["eager"]["thinker_chunk_64"] = timed(Eager(lambda: forward(
+        runner.thinker.model, view, embeds, positions, keep_layer=runner.accept_layer)))
+    talker_width = runner.talker.config.text_config.hidden_size
+    rows = torch.zeros((1, 9, talker_width), dtype=dtype, device=runner.device)
+    talker_view = BatchView(runner.talker_pool, 1, 9)
+    talker_view.point([], [])
+    talker_positions = torch.arange(9, device=runner.device).view(1, 1, 9).expand(3, 1, 9)
+    costs["eager"]["talker_start_9_rows"] = timed(Eager(lambda: forward(
+        runner.talker.model, talker_view, rows, talker_positions)))
+    one = torch.zeros((1, 1, talker_width), dtype=dtype, device=runner.device)
+    zero = torch.zeros((1,), dtype=torch.long, device=runner.device)
+    costs["eager"]["code_predictor_1"] = timed(Eager(lambda: frame._residuals(
+        one, zero, frame.inputs[1].predictor_noise)))
+    print("\n== Qwen3-Omni steps (ms, median of 20)", flush=True)
+    for name, table in costs.items():
+        print(f"{name:>15}: " + "  ".join(f"{key} {ms:.2f}" for key, ms in table.items()), flush=True)
     if args.costs_out:
         Path(args.costs_out).write_text(json.dumps(costs, indent=1))
 

@@ -10,7 +10,8 @@ What is compiled is one *layer*, not a whole model ("regional" compilation): a d
 of the thinker, one of the talker (kv_pool.py runs the layers itself), and one DiT block of
 token2wav. Every layer of a model has the same code and shapes, and nothing in the compiled
 function depends on which layer it is (each layer's KV pool comes in with its `LayerView`),
-so one compile serves all 28 thinker layers: compiling the unrolled 7B decode step took 107–149
+so one compile serves all 28 thinker layers (Qwen3-Omni's code predictor has an entry
+point of its own too, `predictor_layer`): compiling the unrolled 7B decode step took 107–149
 s on an H200, and the DiT's evaluation 230 s. The thinker and the talker have an entry point
 each (`thinker_layer`, `talker_layer`), so dynamo keeps their compiled code and the shapes it
 has seen apart. Decoder layers compile with automatic dynamic shapes: batch 1 specialises,
@@ -64,6 +65,13 @@ def thinker_layer(layer, hidden: torch.Tensor, view: LayerView, rotary) -> torch
 def talker_layer(layer, hidden: torch.Tensor, view: LayerView, rotary) -> torch.Tensor:
     """`decoder_layer` for the talker's layers."""
     return decoder_layer(layer, hidden, view, rotary)
+
+
+def predictor_layer(layer, hidden: torch.Tensor, mask: torch.Tensor, rotary) -> torch.Tensor:
+    """One layer of Qwen3-Omni's code predictor over its short frame sequence (no KV cache:
+    models/qwen3_omni/runner.py)."""
+    return layer(hidden, attention_mask=mask, position_embeddings=rotary, past_key_values=None,
+                 use_cache=False)
 
 
 def dit_block(block, hidden: torch.Tensor, time_embedding: torch.Tensor, rotary,

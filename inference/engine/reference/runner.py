@@ -269,10 +269,12 @@ class _ChunkForward:
     the row's content, where the next chunk or decode step writes before any query reads."""
 
     def __init__(self, runner: ModelRunner, text_model, pool: KVPool, width: int,
-                 dtype: torch.dtype, buckets: list[int], cuda_graphs: bool, project=None) -> None:
+                 dtype: torch.dtype, buckets: list[int], cuda_graphs: bool, project=None,
+                 keep_layer: int | None = None) -> None:
         self.text_model = text_model
         self.pool = pool
         self.project = project
+        self.keep_layer = keep_layer  # also return the states after this many layers
         device = runner.device
         self.buckets = sorted(set(buckets))
         self.inputs = {size: (torch.zeros((1, size, width), dtype=dtype, device=device),
@@ -285,7 +287,8 @@ class _ChunkForward:
     def __call__(self, slot: int, inputs: torch.Tensor, positions: torch.Tensor,
                  start: int) -> torch.Tensor:
         """Final hidden states (1, n, H) of `inputs` (1, n, width) written into `slot` from KV
-        position `start`, at rope `positions` (3, 1, n); valid until the next call."""
+        position `start`, at rope `positions` (3, 1, n), and with `keep_layer` the states after
+        that many layers too; valid until the next call."""
         length = inputs.shape[1]
         bucket = next((size for size in self.buckets if size >= length), None)
         if bucket is not None and start + bucket <= self.pool.capacity:
@@ -295,18 +298,22 @@ class _ChunkForward:
                 buffer[:, :length].copy_(inputs)
                 rope[:, :, :length].copy_(positions, non_blocking=True)
                 view.point([slot], [start])
-                return graph.replay()[:, :length]
+                out = graph.replay()
+                if self.keep_layer is not None:
+                    return out[0][:, :length], out[1][:, :length]
+                return out[:, :length]
         view = BatchView(self.pool, 1, length)  # eagerly, at the exact length
         view.point([slot], [start])
         view.window = self.pool.window_for(start + length)
         projected = self.project(inputs) if self.project is not None else inputs
-        return forward(self.text_model, view, projected, positions.to(inputs.device))
+        return forward(self.text_model, view, projected, positions.to(inputs.device),
+                       keep_layer=self.keep_layer)
 
     def _run(self, bucket: int, window: int) -> torch.Tensor:
         buffer, rope, view = self.inputs[bucket]
         view.window = window
         projected = self.project(buffer) if self.project is not None else buffer
-        return forward(self.text_model, view, projected, rope)
+        return forward(self.text_model, view, projected, rope, keep_layer=self.keep_layer)
 
 
 class _ThinkerDecode:

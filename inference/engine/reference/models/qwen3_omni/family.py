@@ -14,10 +14,10 @@ from ...prompt import Prompt, PromptStyle
 from ...sampling import SamplingParams
 from ..base import ModelFamily, Positions
 from .code2wav_stream import StreamingCode2Wav
+from .runner import START_ROWS
 
 logger = logging.getLogger(__name__)
 
-START_ROWS = 9  # the talker's start after its prompt part (runner.py)
 
 
 def audio_tokens(frames: int) -> int:

@@ -34,11 +34,11 @@ import time
 import numpy as np
 import torch
 
-from ...compiled import compile_step, talker_layer
-from ...cuda_graphs import batch_buckets, bucket_for, capture_each
+from ...compiled import compile_step, predictor_layer, talker_layer
+from ...cuda_graphs import CapturedStep, batch_buckets, bucket_for, capture_each
 from ...kv_pool import BatchView, KVPool, forward
 from ...prompt import Clip, audio_features
-from ...runner import AudioEncoderCache, ThinkerStep, _ThinkerDecode
+from ...runner import PREFILL_BUCKETS, AudioEncoderCache, ThinkerStep, _ChunkForward, _ThinkerDecode
 from ...sampling import SamplingParams, TokenSampler
 from .code2wav_runner import Code2WavRunner
 from .code2wav_stream import Code2WavPlan
@@ -49,13 +49,15 @@ logger = logging.getLogger(__name__)
 CODE_PREDICTOR_TOP_K, CODE_PREDICTOR_TOP_P = 50, 0.8
 # generate() suppresses the top 1024 talker ids (codec specials) but the end code
 SPECIAL_CODES = 1024
+START_ROWS = 9  # the talker's start after its prompt part (module doc)
 
 
 class Qwen3Runner:
     @torch.inference_mode()
     def __init__(self, model, processor, *, slots: int, thinker_capacity: int,
                  talker_capacity: int, talker_sampling: SamplingParams, device: torch.device,
-                 cuda_graphs: bool, encoder_cache_bytes: int, compile: bool = False,
+                 cuda_graphs: bool, encoder_cache_bytes: int, prefill_chunk_tokens: int,
+                 compile: bool = False,
                  code2wav_plan: Code2WavPlan = Code2WavPlan(), **_token2wav_options) -> None:
         started = time.monotonic()
         self.model = model
@@ -111,6 +113,14 @@ class Qwen3Runner:
         self.graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs and device.type == "cuda" else None
         self._pinned: torch.Tensor | None = None
         self.thinker_decode = _ThinkerDecode(self, cuda_graphs, compile)
+        buckets = [size for size in PREFILL_BUCKETS if size < prefill_chunk_tokens] + [prefill_chunk_tokens]
+        self.thinker_chunk = _ChunkForward(self, self.thinker.model, self.thinker_pool,
+                                           text_config.hidden_size, dtype, buckets, cuda_graphs,
+                                           keep_layer=self.accept_layer)
+        # the talker's chunks: its prompt part (a chunk's user tokens) and its 9 start rows
+        self.talker_chunk = _ChunkForward(self, self.talker.model, self.talker_pool,
+                                          talker_text.hidden_size, self.talker.codec_head.weight.dtype,
+                                          [START_ROWS] + buckets, cuda_graphs)
         self.frame_decode = _FrameDecode(self, cuda_graphs, compile)
         self.code2wav = Code2WavRunner(model.code2wav, code2wav_plan, device, cuda_graphs, slots)
         logger.info("Qwen3-Omni runner: %d KV slots (thinker %d tokens, talker %d), %d codes a "
@@ -140,6 +150,7 @@ class Qwen3Runner:
     def release(self) -> None:
         self.thinker_pool = self.talker_pool = self.talker_history = None
         self.thinker_decode = self.frame_decode = self.code2wav = None
+        self.thinker_chunk = self.talker_chunk = None
         self.encoder_cache.clear()
 
     # ----------------------------------------------------------------- prefill
@@ -156,11 +167,8 @@ class Qwen3Runner:
             first_row = int((prompt.input_ids[0, :start] == self.audio_id).sum())
             rows = self.encoder_cache.rows(prompt.clips, first_row, where.numel()).to(embeds.dtype)
             embeds = embeds.index_copy(1, where.to(self.device), rows[None])
-        view = BatchView(self.thinker_pool, 1, end - start)
-        view.point([reply.slot], [start])
-        view.window = self.thinker_pool.window_for(end)
-        positions = prepared.thinker_positions[:, :, start:end].to(self.device)
-        hidden, kept = forward(self.thinker.model, view, embeds, positions, keep_layer=self.accept_layer)
+        hidden, kept = self.thinker_chunk(reply.slot, embeds, prepared.thinker_positions[:, :, start:end],
+                                          start)
         logits = self.thinker.lm_head(hidden[:, -1]) if end == prompt.length else None
         if reply.talker is not None:
             first, last = prompt.talker_tokens_before(start), prompt.talker_tokens_before(end)
@@ -176,11 +184,8 @@ class Qwen3Runner:
         """Talker rows `inputs` (1, n, H) into the reply's talker slot from position `start`;
         returns the final states (1, n, H)."""
         length = inputs.shape[1]
-        view = BatchView(self.talker_pool, 1, length)
-        view.point([reply.slot], [start])
-        view.window = self.talker_pool.window_for(start + length)
-        positions = reply.prepared.talker_positions[:, :, start:start + length].to(self.device)
-        return forward(self.talker.model, view, inputs, positions)
+        return self.talker_chunk(reply.slot, inputs,
+                                 reply.prepared.talker_positions[:, :, start:start + length], start)
 
     # ----------------------------------------------------------------- decode
 
@@ -251,11 +256,20 @@ class _FrameDecode:
                                            dtype=torch.float32, device=device),
                 mask_end=torch.zeros((batch, 1), dtype=torch.bool, device=device))
         self.layer_step = compile_step(talker_layer, compile)
+        self.predictor_step = compile_step(predictor_layer, compile)
         positions = torch.arange(self.groups, device=device)[None]
         self.predictor_positions = positions
         self.predictor_mask = (positions[0][None, :] <= positions[0][:, None])[None, None]
+        # the first frame (from the talker start's last state), one reply at a time
+        width = talker.config.text_config.hidden_size
+        self.first = _FrameInputs(
+            hidden=torch.zeros((1, 1, width), dtype=talker.codec_head.weight.dtype, device=device),
+            rows=torch.zeros((1,), dtype=torch.long, device=device),
+            at=torch.zeros((1,), dtype=torch.long, device=device),
+            mask_end=torch.zeros((1, 1), dtype=torch.bool, device=device))
         self.graphs = capture_each(self._run, [(batch,) for batch in runner.buckets],
                                    runner.graph_pool, "talker frame") if cuda_graphs else {}
+        self.first_graph = CapturedStep(self._first, pool=runner.graph_pool) if cuda_graphs else None
 
     def __call__(self, replies) -> torch.Tensor:
         runner = self.runner
@@ -289,15 +303,23 @@ class _FrameDecode:
         return frame[:count]
 
     def first_frame(self, reply, hidden: torch.Tensor) -> torch.Tensor:
-        """The first frame from the talker start's last state (1, 1, H), eagerly."""
-        buffers = self.inputs[1]
-        self._draw(buffers, [reply])
-        device = self.runner.device
-        rows = torch.tensor([reply.slot], device=device)
-        at = torch.tensor([reply.talker.length - 1], device=device)
-        mask_end = torch.tensor([[reply.talker.codes < reply.talker.min_codes]], device=device)
-        return self._sample_frame(hidden, rows, at, mask_end, buffers.noise[:1],
-                                  buffers.predictor_noise[:1])
+        """The first frame (1, G) from the talker start's last state (1, 1, H)."""
+        self._draw(self.inputs[1], [reply])
+        first = self.first
+        first.hidden.copy_(hidden)
+        first.rows.fill_(reply.slot)
+        first.at.fill_(reply.talker.length - 1)
+        first.mask_end.fill_(reply.talker.codes < reply.talker.min_codes)
+        if self.first_graph is None:
+            return self._first()
+        # a copy: the frame step replayed after it in this step (captured before it, in the
+        # same pool) may use this graph's output memory for its own intermediates
+        return self.first_graph.replay().clone()
+
+    def _first(self) -> torch.Tensor:
+        first, buffers = self.first, self.inputs[1]
+        return self._sample_frame(first.hidden, first.rows, first.at, first.mask_end,
+                                  buffers.noise[:1], buffers.predictor_noise[:1])
 
     def _draw(self, buffers: "_FrameInputs", replies) -> None:
         runner = self.runner
@@ -354,8 +376,7 @@ class _FrameDecode:
         for group in range(1, self.groups):
             states = sequence
             for layer in model.layers:
-                states = layer(states, attention_mask=self.predictor_mask,
-                               position_embeddings=rotary, past_key_values=None, use_cache=False)
+                states = self.predictor_step(layer, states, self.predictor_mask, rotary)
             states = model.norm(states)
             logits = predictor.lm_head[group - 1](states[:, group])
             code = runner.predictor_sampler.sample_on_device(logits, None, noise[:, group - 1])
