@@ -194,7 +194,8 @@ class ReferenceEngine(OmniEngine):
         volume so a restarted worker starts from the cache.
       code2wav_first_frames, code2wav_chunk_frames, code2wav_left_context (Qwen3-Omni):
         audio chunks in codec frames of 80 ms: the first chunk (default 2), later ones
-        (default 12, after ramp_chunks chunks of the first's size), and the frames before a
+        (default 4: on an H200 at 30B-A3B shapes 24 steady calls gap-free against 8 with 12;
+        after ramp_chunks chunks of the first's size), and the frames before a
         chunk its decoder sees (default 25, as vllm-omni's streaming; code2wav is causal, so
         with a context as long as the reply the chunks are exactly the offline decode).
       seed: fixes all sampling and token2wav noise (default None: random per reply).
@@ -234,7 +235,7 @@ class ReferenceEngine(OmniEngine):
                  quick_start_below: int | None = None, talker_ahead_chunks: int = AHEAD_CHUNKS,
                  cuda_graphs: bool | None = None,
                  compile: bool | None = None, compile_cache_dir: str | None = None,
-                 code2wav_first_frames: int = 2, code2wav_chunk_frames: int = 12,
+                 code2wav_first_frames: int = 2, code2wav_chunk_frames: int = 4,
                  code2wav_left_context: int = 25,
                  seed: int | None = None, torch_threads: int | None = None,
                  warmup: bool = True) -> None:

@@ -28,7 +28,7 @@ from ...phases import PhaseClock
 @dataclass(frozen=True)
 class Code2WavPlan:
     first_chunk_frames: int = 2
-    chunk_frames: int = 12
+    chunk_frames: int = 4
     ramp_chunks: int = 2            # chunks after the first that stay first_chunk_frames long
     lookahead_frames: int = 1
     left_context_frames: int = 25
