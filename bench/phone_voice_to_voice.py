@@ -8,7 +8,11 @@ the phone hangs up at its end. From the phone's own recordings:
     voice to voice = first voiced 20 ms of what the phone heard − the end of its question
 
 (both recordings placed on the wall clock by baresip's log lines; a call whose recordings do
-not line up within 0.3 s is reported and left out). Each call is a new room and a new job.
+not line up within 0.3 s is reported and left out; the phone holds 40-80 ms of RTP in its
+jitter buffer, as a desk phone does). Each call is a new room and a new job. Next to it, the
+agent's own voice to voice (its log's `turn` line: end of speech to its first audio frame out
+to the room), so the difference is the phone path: LiveKit, LiveKit SIP, RTP, the phone's
+jitter buffer. The load average is printed too: the machine is shared.
 
 It starts its own stack (Redis 17479, LiveKit 17990-17992, LiveKit SIP 17160 with RTP
 17500-17599, the omni worker on tiny-random at 18340, the agent in start mode as `omni-agent`)
@@ -25,6 +29,7 @@ import asyncio
 import datetime
 import os
 import platform
+import re
 import sys
 import tempfile
 import time
@@ -88,6 +93,8 @@ def main() -> int:
 
     stack = Stack(echo=None, log_dir=workdir, say=lambda m: print(f"[stack] {m}", flush=True))
     samples: list[float] = []
+    agent_samples: list[float] = []  # ms
+    paths: list[float] = []  # ms: at the phone − the agent's own, call by call
     try:
         stack.start(redis_server(REDIS))
         stack.start(livekit_server(LIVEKIT, LIVEKIT + 1, LIVEKIT + 2, redis_port=REDIS))
@@ -100,12 +107,23 @@ def main() -> int:
         asyncio.run(provision_at(f"http://127.0.0.1:{LIVEKIT}", "devkey", "secret",
                                  trunk=trunk_request(allowed_addresses=["127.0.0.1/32"]),
                                  rule=rule_request(agent_name="omni-agent")))
+        agent_turns = re.compile(r"turn 1: voice-to-voice (\d+) ms")
+        seen = 0
         for i in range(args.calls):
             latency, outcome = one_call(workdir, i, args.codec)
-            say(f"call {i + 1}/{args.calls}: " + (f"{latency * 1000:.0f} ms" if latency is not None else outcome))
+            time.sleep(1.0)  # the job of the last call ends, a warm process waits again
+            turns = [int(m.group(1)) for line in stack.processes["agent"].lines()
+                     if (m := agent_turns.search(line))]
+            agent_ms = turns[seen] if len(turns) > seen else None
+            seen = len(turns)
+            load = os.getloadavg()[0]
+            say(f"call {i + 1}/{args.calls}: " + (f"{latency * 1000:.0f} ms" if latency is not None else outcome)
+                + (f" (the agent's own {agent_ms} ms)" if agent_ms is not None else "") + f", load {load:.1f}")
             if latency is not None:
                 samples.append(latency)
-            time.sleep(1.0)  # the job of the last call ends, a warm process waits again
+                if agent_ms is not None:
+                    paths.append(latency * 1000 - agent_ms)
+                    agent_samples.append(agent_ms)
     finally:
         stack.stop()
 
@@ -116,6 +134,9 @@ def main() -> int:
     say(f"phone voice to voice p50: {np.percentile(ms, 50):.0f} ms over {len(ms)} calls")
     say(f"p90 {np.percentile(ms, 90):.0f} ms, min {ms.min():.0f} ms, max {ms.max():.0f} ms; codec {args.codec} "
         f"(8 kHz), tiny-random on the CPU (reference engine), agent in start mode")
+    if agent_samples:
+        say(f"the agent's own voice to voice (to its audio out) p50 {np.percentile(agent_samples, 50):.0f} ms; "
+            f"the phone path adds p50 {np.percentile(paths, 50):.0f} ms")
     say(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores; "
         f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC")
     if args.out:
