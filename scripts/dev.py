@@ -146,7 +146,9 @@ def main() -> int:
         if serve_web:
             say(f"ready: open http://127.0.0.1:{args.web_port}/ and allow the microphone")
         else:
-            say(f"ready: LiveKit at {livekit_url} (keys devkey / secret); join any room and the agent comes")
+            joins = (f"a token that dispatches `{PHONE_AGENT_NAME}` brings the agent" if args.sip
+                     else "join any room and the agent comes")
+            say(f"ready: LiveKit at {livekit_url} (keys devkey / secret); {joins}")
         if args.model == "tiny-random":
             say("the model is tiny-random: replies are random sounds (set OMNI_MODEL for a real model)")
         if args.sip:
