@@ -280,9 +280,9 @@ snd_path		{self.recordings}
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
-        self.proc.terminate()
+        self.proc.terminate()  # baresip hangs up what is still going (a BYE, or a CANCEL)
         try:
-            self.proc.wait(5)
+            self.proc.wait(2)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)
