@@ -60,6 +60,7 @@ from agent.barge_in import BargeInGate, SpeechLengthVAD
 from agent.config import AgentSettings
 from agent.console import check_audio_devices
 from agent.metrics import AgentMetrics
+from agent.phone import PhoneCall, parse_key_actions
 from agent.room_events import RoomEvents
 from agent.tools import ALL_TOOLS
 from agent.turn_detector import SharedTurnDetector, register as register_turn_detector
@@ -80,8 +81,9 @@ def metrics() -> AgentMetrics:
 
 
 class VoiceAgent(Agent):
-    def __init__(self, config: AgentSettings, on_user_turn: Callable[[], None]) -> None:
-        super().__init__(instructions=config.instructions, tools=list(ALL_TOOLS))
+    def __init__(self, config: AgentSettings, on_user_turn: Callable[[], None],
+                 call_tools: list[llm.FunctionTool] | None = None) -> None:
+        super().__init__(instructions=config.instructions, tools=[*ALL_TOOLS, *(call_tools or [])])
         self._greeting = config.greeting
         self._on_user_turn = on_user_turn
 
@@ -183,8 +185,17 @@ async def entrypoint(ctx: JobContext) -> None:
     # at its end of speech too.
     omni.SpeculativeReplyTrigger(session, ends_reply=barge_in.speech_is_a_turn).attach()
     ctx.add_shutdown_callback(events.aclose)
+    phone = PhoneCall(ctx.room, lambda: ctx.api, publish=events.publish, session=session,
+                      transfer_to=config.transfer_to, transfer_timeout_s=config.transfer_timeout_s,
+                      key_actions=parse_key_actions(config.dtmf_actions))
+    phone.attach()
+    ctx.add_shutdown_callback(phone.aclose)
+    # The caller hung up (or was hung up on): end the job now, which flushes its metrics, rather
+    # than when LiveKit closes the empty room (its departure timeout, 20 s). Deleting the room
+    # first ends the job as done (an agent that just leaves is reported as a failed job).
+    session.on("close", lambda ev: _end_job(ctx, f"session closed: {ev.reason}"))
 
-    agent = VoiceAgent(config, on_user_turn=events.user_turn)
+    agent = VoiceAgent(config, on_user_turn=events.user_turn, call_tools=phone.tools())
     log.info("call in room %s: omni worker %s, voice %s", ctx.room.name, config.omni_url, config.voice)
     # record=False: no audio, transcript or trace upload anywhere. session_host=False: no
     # livekit-agents RemoteSession over the room (topic lk.agent.session), through which any
@@ -192,6 +203,11 @@ async def entrypoint(ctx: JobContext) -> None:
     # text; nothing of ours uses it, and it sent every state change and item to the room again.
     await session.start(agent=agent, room=ctx.room, record=False, session_host=False,
                         room_options=room_options(config))
+    phone.find_caller()
+
+
+def _end_job(ctx: JobContext, reason: str) -> None:
+    ctx.delete_room().add_done_callback(lambda _: ctx.shutdown(reason=reason))
 
 
 async def _session_ended() -> None:

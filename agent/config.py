@@ -86,6 +86,21 @@ class AgentSettings(BaseSettings):
                     "turns after (its prefix cache stays valid); 1: leave out as little as possible each turn",
     )
 
+    # Phone callers (LiveKit SIP, docs/sip.md).
+    transfer_to: str = Field(
+        "", validation_alias="AGENT_TRANSFER_TO",
+        description="where `transfer_call` sends a phone caller: a SIP URI (sip:operator@pbx.example.com) "
+                    "or tel:+15105550123; empty: no transfer tool",
+    )
+    transfer_timeout_s: float = Field(
+        30.0, ge=1, le=600, validation_alias="AGENT_TRANSFER_TIMEOUT_S",
+        description="how long a transfer may ring at the target before it counts as failed",
+    )
+    dtmf_actions: str = Field(
+        "", validation_alias="AGENT_DTMF_ACTIONS",
+        description="keypad keys bound to actions, e.g. `0=transfer,#=hangup` (actions: hangup, transfer)",
+    )
+
     # Worker-level behaviour.
     load_threshold: float = Field(
         0.999, gt=0, le=1, validation_alias="AGENT_LOAD_THRESHOLD",
@@ -124,6 +139,14 @@ class AgentSettings(BaseSettings):
         if self.min_endpointing_delay_s > self.max_endpointing_delay_s:
             raise ValueError("AGENT_MIN_ENDPOINTING_DELAY_S must not be above AGENT_MAX_ENDPOINTING_DELAY_S")
         return self
+
+    @field_validator("dtmf_actions")
+    @classmethod
+    def _dtmf_actions(cls, value: str) -> str:
+        from agent.phone import parse_key_actions  # the one parser; ValueError names the bad entry
+
+        parse_key_actions(value)
+        return value
 
     @field_validator("omni_url")
     @classmethod

@@ -25,6 +25,9 @@ object with `type` and `at` (the agent's wall clock, seconds since the epoch):
 - `response_done` {response_id, cancelled, model_first_audio_s}: the worker finished a
   response, or cancelled it (a barge-in while it was still generating).
 
+agent/phone.py publishes through the same channel on phone calls: `caller`, `dtmf`, `hangup`,
+`transfer`.
+
 The same turns feed the agent's Prometheus metrics (agent/metrics.py).
 
 The agent's *transcripts* are published by livekit-agents itself (text streams on the

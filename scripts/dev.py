@@ -5,6 +5,12 @@
 3. The agent (`agent/agent.py dev`), registered with that LiveKit server.
 4. The web page and its token endpoint (`scripts/web-serve`, which builds it with npm).
 
+With --sip, a phone line too (docs/sip.md): Redis, the LiveKit server with Redis, LiveKit's SIP
+service on 127.0.0.1 (SIP 5060 UDP/TCP, RTP 10000-10099), the trunk and the dispatch rule of
+deploy/sip/ (accepting calls from 127.0.0.1 to its number), and the agent registered as
+`omni-agent`, the name the rule dispatches (the web page's tokens ask for it too). Dial it with
+any SIP phone on this machine, e.g. `baresip`: sip:+15105550100@127.0.0.1:5060.
+
 Each part's output is shown with its name in front. When everything is up it prints the URL
 to open. Ctrl-C stops every part, the last started first.
 """
@@ -12,6 +18,7 @@ to open. Ctrl-C stops every part, the last started first.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import shutil
 import signal
@@ -20,15 +27,22 @@ import sys
 import time
 
 from scripts.stack import (
+    DEV_API_KEY,
+    DEV_API_SECRET,
     REPO,
     Stack,
     StackError,
     find_livekit_server,
+    find_livekit_sip,
     livekit_server,
+    livekit_sip,
     omni_worker,
+    redis_server,
     voice_agent,
     web_page,
 )
+
+PHONE_AGENT_NAME = "omni-agent"  # what deploy/sip/dispatch-rule.json dispatches
 
 def say(message: str) -> None:
     print(f"[dev] {message}", flush=True)
@@ -46,6 +60,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--worker-port", type=int, default=8000)
     p.add_argument("--web-port", type=int, default=8080)
     p.add_argument("--no-web", action="store_true", help="do not build or serve the web page")
+    p.add_argument("--sip", action="store_true", help="a phone line: Redis, LiveKit SIP, deploy/sip/'s trunk and rule")
+    p.add_argument("--sip-port", type=int, default=5060, help="LiveKit SIP's port on 127.0.0.1 (UDP and TCP)")
+    p.add_argument("--redis-port", type=int, default=6379, help="the Redis that --sip starts (loopback)")
     return p.parse_args()
 
 
@@ -54,6 +71,22 @@ def ensure_livekit_server() -> None:
         return
     say("no LiveKit server binary yet: building it from source (needs Go; a few minutes, once)")
     subprocess.run([str(REPO / "scripts" / "install-livekit-server.sh")], check=True)
+
+
+def ensure_livekit_sip() -> None:
+    if find_livekit_sip() is not None:
+        return
+    say("no LiveKit SIP binary yet: building it from ../shared/vendor (needs Go and libopus; once)")
+    subprocess.run([str(REPO / "scripts" / "install-livekit-sip.sh")], check=True)
+
+
+def provision_phone_line(livekit_url: str, agent_name: str) -> None:
+    from scripts.sip_provision import http_url, provision_at, rule_request, trunk_request
+
+    done = asyncio.run(provision_at(http_url(livekit_url), DEV_API_KEY, DEV_API_SECRET,
+                                    trunk=trunk_request(allowed_addresses=["127.0.0.1/32"]),
+                                    rule=rule_request(agent_name=agent_name)))
+    say(f"phone line: trunk {done.trunk_id} for {', '.join(done.numbers)}, rule {done.rule_id} → agent {agent_name}")
 
 
 def can_serve_web() -> bool:
@@ -77,6 +110,8 @@ def main() -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
 
     ensure_livekit_server()
+    if args.sip:
+        ensure_livekit_sip()
     serve_web = not args.no_web and can_serve_web()
 
     livekit_url = f"ws://127.0.0.1:{args.livekit_port}"
@@ -85,24 +120,39 @@ def main() -> int:
 
     stack = Stack(say=say)
     try:
-        stack.start(livekit_server(args.livekit_port, args.livekit_port + 1, args.livekit_port + 2))
+        if args.sip:
+            stack.start(redis_server(args.redis_port))
+        stack.start(livekit_server(args.livekit_port, args.livekit_port + 1, args.livekit_port + 2,
+                                   redis_port=args.redis_port if args.sip else None))
+        if args.sip:
+            stack.start(livekit_sip(livekit_url=livekit_url, redis_port=args.redis_port, sip_port=args.sip_port,
+                                    rtp_ports=(10000, 10099)))
         say(f"loading the omni worker ({args.engine}, {args.model}); a real model takes minutes")
         # tiny-random speaks 2-5 s of random sound a reply: the reference engine's own defaults for it
         stack.start(omni_worker(args.worker_port, model=args.model, engine=args.engine, api_key=omni_api_key))
         # INFO: the turn lines without livekit-agents' debug chatter (LIVEKIT_LOG_LEVEL=DEBUG for it)
         agent_env = {"LIVEKIT_LOG_LEVEL": os.environ.get("LIVEKIT_LOG_LEVEL", "INFO")}
+        if args.sip:
+            # named, as the rule dispatches it; the web page's tokens then ask for it by name too
+            agent_env["AGENT_NAME"] = os.environ["AGENT_NAME"] = PHONE_AGENT_NAME
         stack.start(voice_agent(livekit_url=livekit_url, omni_url=omni_url, omni_api_key=omni_api_key,
                                 env=agent_env))
         if serve_web:
             stack.start(web_page(args.web_port, livekit_url=livekit_url))
+        if args.sip:
+            provision_phone_line(livekit_url, PHONE_AGENT_NAME)
 
         print(flush=True)
         if serve_web:
             say(f"ready: open http://127.0.0.1:{args.web_port}/ and allow the microphone")
         else:
-            say(f"ready: LiveKit at {livekit_url} (keys devkey / secret); join any room and the agent comes")
+            joins = (f"a token that dispatches `{PHONE_AGENT_NAME}` brings the agent" if args.sip
+                     else "join any room and the agent comes")
+            say(f"ready: LiveKit at {livekit_url} (keys devkey / secret); {joins}")
         if args.model == "tiny-random":
             say("the model is tiny-random: replies are random sounds (set OMNI_MODEL for a real model)")
+        if args.sip:
+            say(f"phone line: dial sip:+15105550100@127.0.0.1:{args.sip_port} (docs/sip.md)")
         say("Ctrl-C stops everything")
         print(flush=True)
 

@@ -2,12 +2,15 @@
 # Start a LiveKit server for local use: --dev keys (devkey / secret), loopback only by default.
 #
 #   scripts/livekit-server.sh [--port 7880] [--rtc-tcp-port 7881] [--rtc-udp-port 7882] [--bind 127.0.0.1]
+#                             [--redis 127.0.0.1:6379]
 #
 # --bind 127.0.0.1 (default): signalling on 127.0.0.1:PORT (TCP) only, no RTC TCP port; media
 # on RTC_UDP_PORT (UDP), which LiveKit opens on each interface's address (see below).
 # --bind 0.0.0.0 (or one address): signalling there, and the RTC TCP fallback on every interface
 # too, for phones and other machines on the network.
-# Env defaults: LIVEKIT_PORT, LIVEKIT_RTC_TCP_PORT, LIVEKIT_RTC_UDP_PORT, LIVEKIT_BIND,
+# --redis HOST:PORT: keep rooms in that Redis and talk to LiveKit's SIP service through it
+# (phone callers, docs/sip.md); without it the server is on its own (in memory).
+# Env defaults: LIVEKIT_PORT, LIVEKIT_RTC_TCP_PORT, LIVEKIT_RTC_UDP_PORT, LIVEKIT_BIND, LIVEKIT_REDIS,
 # LIVEKIT_SERVER_BIN (default .tools/bin/livekit-server, built by install-livekit-server.sh).
 # Runs in the foreground; the server replaces this shell, so signals reach it directly.
 set -euo pipefail
@@ -18,6 +21,7 @@ PORT="${LIVEKIT_PORT:-7880}"
 RTC_TCP_PORT="${LIVEKIT_RTC_TCP_PORT:-7881}"
 RTC_UDP_PORT="${LIVEKIT_RTC_UDP_PORT:-7882}"
 BIND="${LIVEKIT_BIND:-127.0.0.1}"
+REDIS="${LIVEKIT_REDIS:-}"
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -25,7 +29,8 @@ while [[ $# -gt 0 ]]; do
         --rtc-tcp-port) RTC_TCP_PORT="$2"; shift 2 ;;
         --rtc-udp-port) RTC_UDP_PORT="$2"; shift 2 ;;
         --bind) BIND="$2"; shift 2 ;;
-        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        --redis) REDIS="$2"; shift 2 ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
         *) echo "livekit-server.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -68,6 +73,12 @@ rtc:$RTC
 logging:
   level: info
 "
+if [[ -n $REDIS ]]; then
+    CONFIG+="redis:
+  address: $REDIS
+"
+    WHERE+=", redis $REDIS"
+fi
 
 echo "[livekit-server] ws://$BIND:$PORT (keys devkey/secret, $WHERE)"
 exec "$BIN" --dev --config-body "$CONFIG"

@@ -29,6 +29,7 @@ from typing import TextIO
 
 REPO = Path(__file__).resolve().parents[1]
 LIVEKIT_SERVER_BIN = REPO / ".tools" / "bin" / "livekit-server"
+LIVEKIT_SIP_BIN = REPO / ".tools" / "bin" / "livekit-sip"
 DEV_API_KEY, DEV_API_SECRET = "devkey", "secret"  # what `livekit-server --dev` accepts
 
 
@@ -216,14 +217,17 @@ def find_livekit_server() -> Path | None:
     return Path(on_path) if on_path else None
 
 
-def livekit_server(port: int, rtc_tcp_port: int, rtc_udp_port: int) -> Service:
+def livekit_server(port: int, rtc_tcp_port: int, rtc_udp_port: int, *, redis_port: int | None = None) -> Service:
+    """`redis_port`: rooms in that Redis (redis_server), through which LiveKit's SIP service
+    reaches the server (phone callers)."""
     binary = find_livekit_server()
     if binary is None:
         raise StackError("no LiveKit server binary: run scripts/install-livekit-server.sh")
+    redis = ["--redis", f"127.0.0.1:{redis_port}"] if redis_port else []
     return Service(
         name="livekit",
         argv=[str(REPO / "scripts" / "livekit-server.sh"), "--port", str(port),
-              "--rtc-tcp-port", str(rtc_tcp_port), "--rtc-udp-port", str(rtc_udp_port)],
+              "--rtc-tcp-port", str(rtc_tcp_port), "--rtc-udp-port", str(rtc_udp_port), *redis],
         env={"LIVEKIT_SERVER_BIN": str(binary)},
         tcp_ports=(port, rtc_tcp_port),
         ready_url=f"http://127.0.0.1:{port}/",
@@ -291,4 +295,66 @@ def web_page(port: int, *, livekit_url: str) -> Service:
         ready_url=f"http://127.0.0.1:{port}/health",
         ready_timeout_s=300.0,  # a first `npm ci` downloads packages
         tcp_ports=(port,),
+    )
+
+
+# --------------------------------------------------------------------------- phone callers
+
+
+def redis_server(port: int) -> Service:
+    """Redis on loopback, in memory only: what the LiveKit server and its SIP service share
+    (Debian's redis-server)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise StackError("no redis-server on PATH: install Debian's redis-server (scripts/setup does, as root)")
+    return Service(
+        name="redis",
+        argv=[binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+              "--protected-mode", "yes"],
+        ready_log=r"Ready to accept connections",
+        ready_timeout_s=15.0,
+        tcp_ports=(port,),
+    )
+
+
+def find_livekit_sip() -> Path | None:
+    """$LIVEKIT_SIP_BIN, else .tools/bin/livekit-sip (scripts/install-livekit-sip.sh), else
+    `livekit-sip` on PATH."""
+    if configured := os.environ.get("LIVEKIT_SIP_BIN"):
+        return Path(configured) if Path(configured).is_file() else None
+    if LIVEKIT_SIP_BIN.is_file():
+        return LIVEKIT_SIP_BIN
+    on_path = shutil.which("livekit-sip")
+    return Path(on_path) if on_path else None
+
+
+def livekit_sip_config(*, livekit_url: str, redis_port: int, sip_port: int, rtp_ports: tuple[int, int],
+                       api_key: str = DEV_API_KEY, api_secret: str = DEV_API_SECRET) -> str:
+    """LiveKit SIP's YAML config for loopback: SIP (UDP and TCP) and RTP on 127.0.0.1 only,
+    and 127.0.0.1 announced to callers in SIP and SDP (nat_1_to_1_ip; without it the service
+    announces the first non-loopback interface's address)."""
+    return (f"api_key: {api_key}\n"
+            f"api_secret: {api_secret}\n"
+            f"ws_url: {livekit_url}\n"
+            f"redis:\n  address: 127.0.0.1:{redis_port}\n"
+            f"sip_port: {sip_port}\n"
+            f"listen_ip: 127.0.0.1\n"
+            f"nat_1_to_1_ip: 127.0.0.1\n"
+            f"rtp_port: {rtp_ports[0]}-{rtp_ports[1]}\n"
+            "logging:\n  level: info\n")
+
+
+def livekit_sip(*, livekit_url: str, redis_port: int, sip_port: int, rtp_ports: tuple[int, int]) -> Service:
+    binary = find_livekit_sip()
+    if binary is None:
+        raise StackError("no LiveKit SIP binary: run scripts/install-livekit-sip.sh")
+    return Service(
+        name="sip",
+        argv=[str(binary)],
+        env={"SIP_CONFIG_BODY": livekit_sip_config(livekit_url=livekit_url, redis_port=redis_port,
+                                                   sip_port=sip_port, rtp_ports=rtp_ports)},
+        # it opens UDP, then TCP
+        ready_log=r"sip signaling listening on.*tcp",
+        ready_timeout_s=30.0,
+        tcp_ports=(sip_port,),
     )

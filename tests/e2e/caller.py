@@ -190,6 +190,23 @@ class Caller:
         caller.mic.start()
         return caller
 
+    @classmethod
+    async def observe(cls, url: str, room_name: str, *, identity: str = "observer",
+                      api_key: str = "devkey", api_secret: str = "secret") -> Caller:
+        """Join an existing room hidden, without a microphone: to see what the agent tells a
+        caller who is not us (a phone's room)."""
+        token = (api.AccessToken(api_key, api_secret).with_identity(identity)
+                 .with_grants(api.VideoGrants(room_join=True, room=room_name, hidden=True,
+                                              can_publish=False)))
+        room = rtc.Room()
+        caller = cls(room, room_name)
+        room.on("track_subscribed", caller._on_track_subscribed)
+        room.on("data_received", caller._on_data)
+        room.register_text_stream_handler(TRANSCRIPTION_TOPIC, caller._on_transcript_stream)
+        room.register_byte_stream_handler(SESSION_HOST_TOPIC, caller._on_session_host_stream)
+        await room.connect(url, token.to_jwt())
+        return caller
+
     # -- room callbacks
 
     def _on_track_subscribed(self, track: rtc.Track, publication: rtc.RemoteTrackPublication,

@@ -104,3 +104,97 @@ def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack
     finally:
         stack.stop()
         print(f"[e2e stack] logs in {log_dir}")
+
+
+# --------------------------------------------------------------------------- phone callers
+
+PHONE_REDIS_PORT = 17379
+PHONE_LIVEKIT_PORT = 17890  # and the next two (RTC TCP, UDP)
+PHONE_SIP_PORT = 17060
+PHONE_RTP_PORTS = (17100, 17199)
+PHONE_AGENT_METRICS_PORT = 18331
+PHONE_AGENT_NAME = "omni-agent"  # what deploy/sip/dispatch-rule.json dispatches
+TRUNK_NUMBER = "+15105550100"  # deploy/sip/inbound-trunk.json's number
+NO_AGENT_NUMBER = "+15105550199"  # a second trunk whose rule names an agent nobody runs
+TRANSFER_TARGET = "+15550009"  # a second phone, the transfer target (tests/e2e/test_phone.py)
+TRANSFER_TARGET_PORT = 17290
+
+
+@dataclass
+class PhoneStack:
+    livekit_url: str
+    sip_uri: str  # what a phone dials: the trunk's number at the SIP service
+    log_dir: Path
+    processes: dict[str, Process]
+    agent_metrics_url: str
+
+    def dial_uri(self, number: str) -> str:
+        return f"sip:{number}@127.0.0.1:{PHONE_SIP_PORT}"
+
+    def agent_metric(self, name: str) -> float:
+        with urllib.request.urlopen(self.agent_metrics_url, timeout=5) as r:
+            text = r.read().decode()
+        total = 0.0
+        for m in re.finditer(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.eE+-]+)$", text, re.M):
+            total += float(m.group(1))
+        return total
+
+    def log_lines(self, service: str) -> list[str]:
+        return self.processes[service].lines()
+
+
+@pytest.fixture(scope="session")
+def phone_stack(local_stack: LocalStack) -> Iterator[PhoneStack]:
+    """Phone callers' side of the stack, next to `local_stack` (whose omni worker it shares):
+    Redis, a second LiveKit server with Redis, LiveKit's SIP service on loopback, the trunk and
+    the rule of deploy/sip/ (accepting 127.0.0.1), and an agent registered as `omni-agent`."""
+    from scripts.sip_provision import provision_at, rule_request, trunk_request
+    from scripts.stack import find_livekit_sip, livekit_sip, redis_server
+
+    from .phone import baresip_available
+
+    if local_stack.processes.get("worker") is None:
+        pytest.skip("the phone tests start their own LiveKit server and agent: not against E2E_* URLs")
+    if find_livekit_sip() is None:
+        pytest.skip("no LiveKit SIP binary: run scripts/install-livekit-sip.sh (needs ../shared/vendor)")
+    if shutil.which("redis-server") is None or not baresip_available():
+        pytest.skip("phone tests need Debian's redis-server and baresip-core (scripts/setup installs them)")
+    livekit_url = f"ws://127.0.0.1:{PHONE_LIVEKIT_PORT}"
+    stack = Stack(echo=None, log_dir=local_stack.log_dir, say=lambda msg: print(f"[e2e phone stack] {msg}"))
+    try:
+        stack.start(redis_server(PHONE_REDIS_PORT))
+        stack.start(livekit_server(PHONE_LIVEKIT_PORT, PHONE_LIVEKIT_PORT + 1, PHONE_LIVEKIT_PORT + 2,
+                                   redis_port=PHONE_REDIS_PORT))
+        stack.start(livekit_sip(livekit_url=livekit_url, redis_port=PHONE_REDIS_PORT, sip_port=PHONE_SIP_PORT,
+                                rtp_ports=PHONE_RTP_PORTS))
+        # start mode, as in production: job processes wait warm for calls, and two calls that
+        # arrive at once are both taken (in dev mode livekit-agents refuses the second one until
+        # the first job runs: it counts a starting job as the whole threshold when none is warm)
+        agent = voice_agent(
+            livekit_url=livekit_url, omni_url=f"ws://127.0.0.1:{WORKER_PORT}/v1/realtime", mode="start",
+            env={"AGENT_NAME": PHONE_AGENT_NAME,
+                 "AGENT_HTTP_PORT": str(PHONE_AGENT_METRICS_PORT + 1),
+                 # the caller speaks first: a phone test's audio is a file played from the start
+                 "AGENT_GREETING": "",
+                 "AGENT_METRICS_PORT": str(PHONE_AGENT_METRICS_PORT),
+                 "AGENT_TRANSFER_TO": f"sip:{TRANSFER_TARGET}@127.0.0.1:{TRANSFER_TARGET_PORT}",
+                 "AGENT_TRANSFER_TIMEOUT_S": "6",
+                 "AGENT_DTMF_ACTIONS": "0=transfer,#=hangup"})
+        agent.name = "phone-agent"
+        stack.start(agent, width=11)
+        http = f"http://127.0.0.1:{PHONE_LIVEKIT_PORT}"
+        asyncio.run(provision_at(http, "devkey", "secret",
+                                 trunk=trunk_request(allowed_addresses=["127.0.0.1/32"]),
+                                 rule=rule_request(agent_name=PHONE_AGENT_NAME)))
+        # a number whose agent never comes: the call must end, not ring for ever
+        no_agent_trunk = trunk_request(allowed_addresses=["127.0.0.1/32"], numbers=[NO_AGENT_NUMBER])
+        no_agent_trunk.trunk.name = "no agent"
+        no_agent_trunk.trunk.ringing_timeout.FromSeconds(5)
+        no_agent_rule = rule_request(agent_name="nobody-runs-this-agent")
+        no_agent_rule.dispatch_rule.name = "no agent"
+        asyncio.run(provision_at(http, "devkey", "secret", trunk=no_agent_trunk, rule=no_agent_rule))
+        yield PhoneStack(livekit_url=livekit_url, sip_uri=f"sip:{TRUNK_NUMBER}@127.0.0.1:{PHONE_SIP_PORT}",
+                         log_dir=local_stack.log_dir, processes=stack.processes,
+                         agent_metrics_url=f"http://127.0.0.1:{PHONE_AGENT_METRICS_PORT}/metrics")
+    finally:
+        stack.stop()

@@ -1,0 +1,138 @@
+"""Create the inbound SIP trunk and the dispatch rule of deploy/sip/ on a LiveKit server, with
+livekit-api (LiveKit's SIP API, served by the LiveKit server once its SIP service is attached
+through Redis).
+
+    python -m scripts.sip_provision                      # LIVEKIT_URL / LIVEKIT_API_KEY / LIVEKIT_API_SECRET
+    python -m scripts.sip_provision --replace            # delete trunks and rules of the same names first
+    python -m scripts.sip_provision --allowed-address 127.0.0.1/32   # local phones instead of the provider's
+
+`scripts/dev --sip` and the phone tests call `provision()` with the loopback overrides: the
+trunk accepts calls from 127.0.0.1 for the trunk's number, and the rule dispatches the named
+agent into each caller's room. Prints the ids it created.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from google.protobuf import json_format
+from livekit import api
+from livekit.protocol import sip
+
+from scripts.stack import REPO
+
+TRUNK_FILE = REPO / "deploy" / "sip" / "inbound-trunk.json"
+RULE_FILE = REPO / "deploy" / "sip" / "dispatch-rule.json"
+
+
+@dataclass
+class Provisioned:
+    trunk_id: str
+    rule_id: str
+    numbers: list[str]
+    agent_names: list[str]
+
+
+def trunk_request(path: Path = TRUNK_FILE, *, allowed_addresses: list[str] | None = None,
+                  numbers: list[str] | None = None) -> sip.CreateSIPInboundTrunkRequest:
+    """The trunk file as LiveKit's request; the overrides replace the file's values."""
+    request = json_format.ParseDict(json.loads(path.read_text()), sip.CreateSIPInboundTrunkRequest())
+    if allowed_addresses is not None:
+        del request.trunk.allowed_addresses[:]
+        request.trunk.allowed_addresses.extend(allowed_addresses)
+    if numbers is not None:
+        del request.trunk.numbers[:]
+        request.trunk.numbers.extend(numbers)
+    return request
+
+
+def rule_request(path: Path = RULE_FILE, *, agent_name: str | None = None,
+                 trunk_ids: list[str] | None = None) -> sip.CreateSIPDispatchRuleRequest:
+    """The rule file as LiveKit's request. `agent_name`: the agent dispatched into each room
+    (replacing the file's); `trunk_ids`: the rule applies to calls of those trunks only."""
+    request = json_format.ParseDict(json.loads(path.read_text()), sip.CreateSIPDispatchRuleRequest())
+    if agent_name is not None:
+        agents = request.dispatch_rule.room_config.agents
+        del agents[:]
+        agents.add(agent_name=agent_name)
+    if trunk_ids is not None:
+        del request.dispatch_rule.trunk_ids[:]
+        request.dispatch_rule.trunk_ids.extend(trunk_ids)
+    return request
+
+
+async def provision(lk: api.LiveKitAPI, *, trunk: sip.CreateSIPInboundTrunkRequest,
+                    rule: sip.CreateSIPDispatchRuleRequest, replace: bool = False) -> Provisioned:
+    """Create the trunk, then the rule bound to it. `replace`: first delete the trunks and rules
+    that carry the same names (so running it again does not leave two that match a call)."""
+    if replace:
+        trunks = await lk.sip.list_inbound_trunk(sip.ListSIPInboundTrunkRequest())
+        for old in trunks.items:
+            if old.name == trunk.trunk.name:
+                await lk.sip.delete_trunk(sip.DeleteSIPTrunkRequest(sip_trunk_id=old.sip_trunk_id))
+        rules = await lk.sip.list_dispatch_rule(sip.ListSIPDispatchRuleRequest())
+        for old_rule in rules.items:
+            if old_rule.name == rule.dispatch_rule.name:
+                await lk.sip.delete_dispatch_rule(
+                    sip.DeleteSIPDispatchRuleRequest(sip_dispatch_rule_id=old_rule.sip_dispatch_rule_id))
+    created = await lk.sip.create_inbound_trunk(trunk)
+    if not rule.dispatch_rule.trunk_ids:
+        rule.dispatch_rule.trunk_ids.append(created.sip_trunk_id)
+    created_rule = await lk.sip.create_dispatch_rule(rule)
+    return Provisioned(trunk_id=created.sip_trunk_id, rule_id=created_rule.sip_dispatch_rule_id,
+                       numbers=list(created.numbers),
+                       agent_names=[a.agent_name for a in created_rule.room_config.agents])
+
+
+async def provision_at(url: str, api_key: str, api_secret: str, **kwargs) -> Provisioned:  # noqa: ANN003
+    async with api.LiveKitAPI(url, api_key, api_secret) as lk:
+        return await provision(lk, **kwargs)
+
+
+def http_url(livekit_url: str) -> str:
+    """livekit-api speaks HTTP(S) to the server: ws://host → http://host."""
+    return livekit_url.replace("wss://", "https://", 1).replace("ws://", "http://", 1)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m scripts.sip_provision", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trunk", type=Path, default=TRUNK_FILE, help="CreateSIPInboundTrunkRequest as JSON")
+    p.add_argument("--rule", type=Path, default=RULE_FILE, help="CreateSIPDispatchRuleRequest as JSON")
+    p.add_argument("--allowed-address", action="append", dest="allowed_addresses",
+                   help="accept calls from this address or CIDR only (repeat; replaces the file's)")
+    p.add_argument("--number", action="append", dest="numbers", help="the trunk's number (repeat; replaces the file's)")
+    p.add_argument("--agent-name", help="the agent dispatched into each caller's room (replaces the file's)")
+    p.add_argument("--replace", action="store_true", help="delete trunks and rules of the same names first")
+    args = p.parse_args()
+    missing = [name for name in ("LIVEKIT_URL", "LIVEKIT_API_KEY", "LIVEKIT_API_SECRET") if not os.environ.get(name)]
+    if missing:
+        print(f"sip_provision: set {', '.join(missing)}", file=sys.stderr)
+        return 2
+    try:
+        trunk = trunk_request(args.trunk, allowed_addresses=args.allowed_addresses, numbers=args.numbers)
+        rule = rule_request(args.rule, agent_name=args.agent_name)
+    except (OSError, json_format.ParseError, json.JSONDecodeError) as e:
+        print(f"sip_provision: bad request file: {e}", file=sys.stderr)
+        return 2
+    try:
+        done = asyncio.run(provision_at(http_url(os.environ["LIVEKIT_URL"]), os.environ["LIVEKIT_API_KEY"],
+                                        os.environ["LIVEKIT_API_SECRET"], trunk=trunk, rule=rule,
+                                        replace=args.replace))
+    except api.TwirpError as e:
+        print(f"sip_provision: the LiveKit server refused: {e.code}: {e.message}"
+              " (is its SIP service attached through Redis?)", file=sys.stderr)
+        return 1
+    print(f"inbound trunk {done.trunk_id} for {', '.join(done.numbers) or 'any number'}; "
+          f"dispatch rule {done.rule_id} → agent {', '.join(done.agent_names) or '(automatic dispatch)'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""agent/phone.py without LiveKit: key actions parsed strictly, the caller's attributes and keys
+reported, hang-up and transfer asking LiveKit's API for the right thing, and a refused transfer
+coming back as a tool error, a log line and a room event. (tests/e2e/test_phone.py does the
+same through a real SIP call.)"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from livekit import api, rtc
+from livekit.agents import ToolError
+
+from agent.config import AgentSettings
+from agent.phone import PhoneCall, parse_key_actions
+
+
+def test_key_actions_parse_and_bad_entries_are_named() -> None:
+    assert parse_key_actions("0=transfer, #=hangup") == {"0": "transfer", "#": "hangup"}
+    assert parse_key_actions("") == {}
+    with pytest.raises(ValueError, match="'5=dance'.*unknown action"):
+        parse_key_actions("0=transfer,5=dance")
+    with pytest.raises(ValueError, match="one keypad key"):
+        parse_key_actions("12=hangup")
+    with pytest.raises(ValueError, match="AGENT_DTMF_ACTIONS|dtmf_actions"):
+        AgentSettings(AGENT_DTMF_ACTIONS="x=hangup")
+
+
+class FakeRoom:
+    name = "call-_+15550001_abc"
+
+    def __init__(self, participants: list[Any]) -> None:
+        self.remote_participants = {p.identity: p for p in participants}
+        self.handlers: dict[str, Any] = {}
+
+    def on(self, event: str, handler: Any) -> None:
+        self.handlers[event] = handler
+
+
+class FakeLiveKit:
+    def __init__(self, transfer_error: Exception | None = None) -> None:
+        self.removed: list[api.RoomParticipantIdentity] = []
+        self.transfers: list[api.TransferSIPParticipantRequest] = []
+        self._transfer_error = transfer_error
+        self.room = SimpleNamespace(remove_participant=self._remove)
+        self.sip = SimpleNamespace(transfer_sip_participant=self._transfer)
+
+    async def _remove(self, request: api.RoomParticipantIdentity) -> None:
+        self.removed.append(request)
+
+    async def _transfer(self, request: api.TransferSIPParticipantRequest) -> Any:
+        self.transfers.append(request)
+        if self._transfer_error:
+            raise self._transfer_error
+        return SimpleNamespace()
+
+
+def phone_caller() -> Any:
+    return SimpleNamespace(identity="sip_+15550001", kind=rtc.ParticipantKind.PARTICIPANT_KIND_SIP,
+                           attributes={"sip.phoneNumber": "+15550001", "sip.trunkPhoneNumber": "+15105550100",
+                                       "sip.callID": "SCL_1", "lk.other": "x"})
+
+
+def make_call(lk: FakeLiveKit, **kwargs: Any) -> tuple[PhoneCall, FakeRoom, list[tuple[str, dict]]]:
+    room = FakeRoom([phone_caller()])
+    published: list[tuple[str, dict]] = []
+    call = PhoneCall(room, lambda: lk, publish=lambda event_type, **fields: published.append((event_type, fields)),  # type: ignore[arg-type]
+                     **kwargs)
+    call.attach()
+    call.find_caller()
+    return call, room, published
+
+
+async def test_the_caller_and_the_keys_are_reported_and_the_hangup_key_hangs_up(caplog) -> None:
+    lk = FakeLiveKit()
+    caplog.set_level(logging.INFO, logger="omni-agent.phone")
+    call, room, published = make_call(lk, key_actions={"#": "hangup"})
+    assert published[0] == ("caller", {"kind": "sip", "identity": "sip_+15550001", "phone_number": "+15550001",
+                                       "trunk_phone_number": "+15105550100",
+                                       "attributes": {"sip.phoneNumber": "+15550001",
+                                                      "sip.trunkPhoneNumber": "+15105550100",
+                                                      "sip.callID": "SCL_1"}})
+    assert "phone call from +15550001 to +15105550100" in caplog.text
+
+    room.handlers["sip_dtmf_received"](rtc.SipDTMF(code=1, digit="1"))
+    room.handlers["sip_dtmf_received"](rtc.SipDTMF(code=11, digit="#"))
+    await call.aclose()
+    assert call.keys == ["1", "#"]
+    assert [f["digit"] for k, f in published if k == "dtmf"] == ["1", "#"]
+    assert [(r.room, r.identity) for r in lk.removed] == [(room.name, "sip_+15550001")]
+    assert "keys pressed: 1 #" in await call._phone_call_tool()
+
+
+async def test_transfer_asks_livekit_and_a_refusal_is_a_tool_error(caplog) -> None:
+    lk = FakeLiveKit()
+    call, room, published = make_call(lk, transfer_to="sip:op@127.0.0.1", transfer_timeout_s=6)
+    assert "transferred" in await call._transfer_tool()
+    request = lk.transfers[0]
+    assert (request.room_name, request.participant_identity, request.transfer_to) == \
+        (room.name, "sip_+15550001", "sip:op@127.0.0.1")
+    assert request.ringing_timeout.seconds == 6
+    assert published[-1] == ("transfer", {"to": "sip:op@127.0.0.1", "ok": True, "error": None})
+
+    refusing = FakeLiveKit(transfer_error=api.TwirpError("unavailable", "408 request timeout", status=503))
+    call, _, published = make_call(refusing, transfer_to="sip:op@127.0.0.1")
+    with pytest.raises(ToolError, match="408 request timeout"):
+        await call._transfer_tool()
+    assert published[-1][0] == "transfer" and published[-1][1]["ok"] is False
+    assert "transfer of sip_+15550001 to sip:op@127.0.0.1 failed" in caplog.text
+
+
+async def test_without_a_target_there_is_no_transfer_tool_and_no_transfer() -> None:
+    call, _, _ = make_call(FakeLiveKit())
+    assert [t.info.name for t in call.tools()] == ["end_call", "get_phone_call"]
+    with pytest.raises(ToolError, match="AGENT_TRANSFER_TO"):
+        await call.transfer(reason="test")
+    await asyncio.sleep(0)
