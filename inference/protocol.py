@@ -524,6 +524,17 @@ class ResponseDone(_ServerEvent):
     response: Response
 
 
+class ResponseContextTruncated(_ServerEvent):
+    """Our extension (OpenAI sends nothing when truncation cuts): the response's prompt left
+    these conversation items out, for good; the model reads from `context_start_item_id` on.
+    Sent as soon as the cut is made, so that a client replaying the conversation to another
+    worker (after a lost connection) knows it even when response.done never comes."""
+    type: Literal["response.context_truncated"] = "response.context_truncated"
+    response_id: str
+    context_start_item_id: str
+    item_ids: list[str]
+
+
 class ResponseOutputItemAdded(_ServerEvent):
     type: Literal["response.output_item.added"] = "response.output_item.added"
     response_id: str

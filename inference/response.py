@@ -73,6 +73,9 @@ class ResponseRun:
         except eng.EngineError as e:
             log.warning("response %s failed: %s", self.id, e)
             failure = e
+        except Exception as e:  # a bug of ours: the client still gets its response.done
+            log.exception("response %s failed inside the worker", self.id)
+            failure = eng.EngineError(f"the worker failed: {type(e).__name__}")
         finally:
             await stream.aclose()  # stops engine work before anything else is sent
 
@@ -100,7 +103,7 @@ class ResponseRun:
 
     async def _on_delta(self, delta: eng.Delta) -> None:
         if isinstance(delta, eng.ContextTruncated):
-            self._context_truncated(delta)
+            await self._context_truncated(delta)
             return
         if isinstance(delta, eng.ToolCallDelta):
             await self._close_message("completed")
@@ -181,16 +184,21 @@ class ResponseRun:
         await self._send(p.ResponseOutputItemDone(response_id=self.id, output_index=index, item=entry.item))
         await self._send(p.ConversationItemDone(item=entry.item))
 
-    def _context_truncated(self, delta: eng.ContextTruncated) -> None:
+    async def _context_truncated(self, delta: eng.ContextTruncated) -> None:
         """The engine left the oldest items out: they leave the conversation's context for good
-        (as OpenAI does, without an event; response.done's usage counts what was read)."""
+        (OpenAI sends no event; ours, `response.context_truncated`, lets a client that replays
+        the conversation elsewhere know at once, and response.done's usage counts what was read)."""
         if self._conversation is None:
             return
-        self._conversation.leave_context(delta.first_item_id)
+        read = list(dict.fromkeys(item.item_id for item in self.request.context if item.item_id is not None))
+        left = read[:read.index(delta.first_item_id)] if delta.first_item_id in read else []
+        self._conversation.leave_context(left)
         self.response.context_start_item_id = delta.first_item_id
         self._metrics.context_truncations.inc()
         log.info("response %s: %d conversation items (%d tokens) left the model's context; it now starts at %s",
                  self.id, delta.dropped_items, delta.dropped_tokens, delta.first_item_id)
+        await self._send(p.ResponseContextTruncated(
+            response_id=self.id, context_start_item_id=delta.first_item_id, item_ids=left))
 
     # ------------------------------------------------------------------ the end
 

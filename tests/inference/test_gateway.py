@@ -7,6 +7,7 @@ records requests. User-facing behaviour over the real model is in test_worker_re
 from __future__ import annotations
 
 import asyncio
+import base64
 
 import numpy as np
 import pytest
@@ -449,3 +450,32 @@ async def test_disabled_truncation_keeps_the_engines_refusal(gateway):
     assert error["error"]["code"] == "context_length_exceeded" and error["error"]["event_id"] == "rc1"
     assert "context holds 3584" in error["error"]["message"]
     assert events[-1]["response"]["status"] == "failed"
+
+
+async def test_items_deleted_or_inserted_while_the_cut_is_made_break_nothing(gateway):
+    """The client may delete or insert items while a reply is prepared (outside its output):
+    the reply still ends with response.done, and what the model did not read stays in."""
+    gateway.engine.keep_items, gateway.engine.prepare_s = 3, 0.3
+    async with await gateway.client() as c:
+        for text in ("one", "two", "three", "four"):
+            await say(c, text)
+        u1, u2, u3, u4 = [e["item"]["id"] for e in c.events if e["type"] == "conversation.item.done"]
+        await c.send("response.create")
+        await c.wait_for("response.created")
+        # the engine is still choosing its cut (it will start at u2, the newest three)
+        await c.send("conversation.item.delete", item_id=u2)
+        pcm = (np.full(3200, 0.1) * 32767).astype("<i2").tobytes()
+        await c.send("conversation.item.create", previous_item_id=u1, item={
+            "type": "message", "id": "inserted", "role": "user",
+            "content": [{"type": "input_audio", "audio": base64.b64encode(pcm).decode()}]})
+        events = await c.until_done(timeout=10)
+        done = events[-1]["response"]
+        assert done["status"] == "completed", done["status_details"]
+        assert not [e for e in c.events if e["type"] == "error"]
+        assert done["context_start_item_id"] == u2
+        gateway.engine.keep_items = None  # the next request shows what is still in the context
+        await turn(c, "five")
+    ids = [item.item_id for item in gateway.engine.requests[-1].context]
+    assert u1 not in ids and u2 not in ids  # the one that left, the one deleted
+    assert ids[:3] == ["inserted", u3, u4]  # inserted during the reply: never read, so still in
+    assert gateway.engine.requests[-1].context[0].audio.size == 3200  # and its audio kept

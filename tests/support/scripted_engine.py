@@ -29,6 +29,9 @@ class ScriptedEngine(eng.OmniEngine):
         self.load_report: eng.EngineLoad | None = None  # what load() answers
         self.keep_items: int | None = None  # truncate: the model reads only the newest this many items
         self.cached_tokens = 0  # what Finished reports as taken from a cache
+        # seconds between taking a request and its cut (ContextTruncated): an engine renders the
+        # prompt off the event loop, so the session handles client events meanwhile
+        self.prepare_s = 0.0
         self.ended_sessions: list[str] = []
         self.requests: list[eng.GenerationRequest] = []
         self.steps_run = 0
@@ -43,6 +46,8 @@ class ScriptedEngine(eng.OmniEngine):
             raise self.refuse
         self.active += 1
         try:
+            if self.prepare_s:
+                await asyncio.sleep(self.prepare_s)
             ids = list(dict.fromkeys(item.item_id for item in request.context if item.item_id is not None))
             if self.keep_items is not None and len(ids) > self.keep_items:
                 yield eng.ContextTruncated(first_item_id=ids[-self.keep_items],
