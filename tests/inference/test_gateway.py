@@ -19,6 +19,8 @@ from inference.server import Worker
 from tests.support.realtime_client import RealtimeClient, audio_of, speech_like, transcript_of
 from tests.support.scripted_engine import ScriptedEngine
 
+pytestmark = pytest.mark.timeout(60)  # each ends in seconds: a hang fails here, not at the suite's limit
+
 
 class Gateway:
     def __init__(self, engine: ScriptedEngine, **limits) -> None:

@@ -29,6 +29,8 @@ from livekit.plugins.omni import RealtimeModel, RealtimeSession
 from tests.conftest import free_port
 from tests.support.scripted_engine import ScriptedEngine
 
+pytestmark = pytest.mark.timeout(60)  # each ends in seconds: a hang fails here, not at the suite's limit
+
 KEY = "gateway-key"
 
 

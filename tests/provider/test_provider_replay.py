@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from livekit import rtc
 from livekit.agents import llm
 from livekit.plugins.omni.replay import replay_plan
+
+pytestmark = pytest.mark.timeout(60)  # each ends in seconds: a hang fails here, not at the suite's limit
 
 
 def spoken(item_id: str, seconds: float) -> llm.ChatMessage:

@@ -13,6 +13,8 @@ import pytest
 from inference import engine as eng
 from inference.engine.truncation import cut_points, fit_context
 
+pytestmark = pytest.mark.timeout(60)  # each ends in seconds: a hang fails here, not at the suite's limit
+
 BASE = 10
 
 
