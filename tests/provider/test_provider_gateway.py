@@ -61,6 +61,20 @@ class Gateway:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
 
+    async def crash(self) -> None:
+        """As a killed worker: every connection dropped at once, nothing more sent."""
+        if self.server is not None:
+            for handler in self.server.runner.server.connections:
+                if handler.transport is not None:
+                    handler.transport.abort()
+            await self.server.close()
+            self.server = None
+
+    def held(self) -> list[str]:
+        """The one session's conversation as the worker's model reads it: the ids in its context."""
+        [session] = self.worker.sessions
+        return [entry.item.id for entry in session.conversation if entry.in_context]
+
     async def stop(self) -> None:
         """As the worker does on SIGTERM: close every session (code 1001), then stop listening."""
         if self.server is not None:
@@ -591,6 +605,58 @@ async def test_a_reconnection_replays_only_what_the_lost_workers_model_read(gate
     await session.update_chat_ctx(full_history)
     assert rec.sent[sent_before:] == []
     assert all(e.recoverable for e in rec.errors)
+
+
+async def test_a_replay_matches_the_lost_workers_context_after_its_first_item_was_deleted(gateway, open_session):
+    gateway.engine.keep_items = 3
+    session, rec = open_session(conn_options=APIConnectOptions(max_retry=20, retry_interval=0.05, timeout=2))
+    for _ in range(3):
+        await a_turn(session)
+    start = gateway.engine.requests[-1].context[-3].item_id  # the third request read from here on
+    chat_ctx = session.chat_ctx.copy()
+    chat_ctx.items = [item for item in chat_ctx.items if item.id != start]
+    await session.update_chat_ctx(chat_ctx)  # the client deletes it after response.done
+    held = gateway.held()
+    assert start not in held and len(held) == 3
+
+    await gateway.stop()
+    await gateway.start()
+    await asyncio.wait_for(rec.reconnected.wait(), 10)
+    assert await settled(gateway.held, len(held)) == held  # not what the lost worker had dropped
+    assert all(e.recoverable for e in rec.errors)
+
+
+async def test_a_worker_killed_between_its_cut_and_response_done_is_replaced_by_what_it_held(gateway, open_session):
+    gateway.engine.keep_items = 3
+    session, rec = open_session(conn_options=APIConnectOptions(max_retry=20, retry_interval=0.05, timeout=2))
+    for _ in range(2):
+        await a_turn(session)
+    gateway.engine.words, gateway.engine.step_s = 400, 0.02  # a reply of 8 s: killed while it runs
+    await speak(session, 0.3)
+    generation = await session.generate_reply()
+    reading = asyncio.create_task(read_generation(generation))
+    cut = await rec.wait_received("response.context_truncated")
+    await rec.wait_received("response.output_audio.delta")
+    assert cut["item_ids"] and set(cut["item_ids"]).isdisjoint(gateway.held())
+    held = gateway.held()
+    await gateway.crash()  # no response.done, no close frame
+    await asyncio.wait_for(reading, 10)
+    assert not [e for e in rec.received if e["type"] == "response.done" and e["response"]["id"] == cut["response_id"]]
+    gateway.engine.words, gateway.engine.step_s = 5, 0.01
+    await gateway.start()
+    await asyncio.wait_for(rec.reconnected.wait(), 10)
+    assert await settled(gateway.held, len(held)) == held
+    await a_turn(session)  # and the call goes on
+    assert all(e.recoverable for e in rec.errors)
+
+
+async def settled(read, count: int, timeout: float = 5) -> list[str]:
+    """`read()` once it returns `count` items (the replay's creates are confirmed one by one)."""
+    for _ in range(int(timeout / 0.01)):
+        if len(value := read()) >= count:
+            return value
+        await asyncio.sleep(0.01)
+    return read()
 
 
 async def test_items_the_worker_deletes_to_make_room_are_never_sent_back():
