@@ -416,6 +416,27 @@ async def test_generate_reply_fails_with_the_workers_error(gateway, open_session
     await read_generation(first)
 
 
+async def test_a_conversation_too_long_is_reported_as_not_retryable(gateway, open_session):
+    """Asking again gets the same refusal until the conversation changes: not retryable (the
+    session itself goes on, so it is recoverable). A failure of the worker's own stays retryable."""
+    gateway.engine.refuse = eng.ContextLengthExceeded(5000, 3584)
+    session, rec = open_session()
+    await speak(session, 0.3)
+    await read_generation(await session.generate_reply())
+    await rec.wait_received("response.done")
+    refused = [e for e in rec.errors if "context_length_exceeded" in str(e.error.body)]
+    assert refused and all(e.recoverable and e.error.retryable is False for e in refused), rec.errors
+    gateway.engine.refuse, gateway.engine.fail_after = None, 1
+    await speak(session, 0.3)
+    await read_generation(await session.generate_reply())
+    for _ in range(200):  # the failed response.done's error is emitted as it is handled
+        if any("scripted failure" in str(e.error) for e in rec.errors):
+            break
+        await asyncio.sleep(0.01)
+    failed = [e for e in rec.errors if "scripted failure" in str(e.error)]
+    assert failed and all(e.recoverable and e.error.retryable for e in failed), rec.errors
+
+
 async def test_requests_time_out_when_the_worker_is_silent():
     async def mute_worker(request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse()

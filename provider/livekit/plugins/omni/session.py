@@ -809,7 +809,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             logger.debug("omni worker: %s (%s)", message, code)
             return
         logger.warning("omni worker error %s: %s", code, message)
-        self._emit_error(APIError(f"omni worker error {code}: {message}", body=error, retryable=True),
+        self._emit_error(APIError(f"omni worker error {code}: {message}", body=error, retryable=_retryable(error)),
                          recoverable=True)
 
     def _on_item_op_refused(self, op: ItemOp, code: str | None, message: str) -> None:
@@ -1067,7 +1067,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             error = (response.get("status_details") or {}).get("error") or {}
             self._emit_error(
                 APIError(f"the omni worker failed response {response['id']}: {error.get('message', 'unknown error')}",
-                         body=error, retryable=True),
+                         body=error, retryable=_retryable(error)),
                 recoverable=True,
             )
 
@@ -1083,6 +1083,13 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         remote = self._remote.get(item_id)
         if remote is not None and isinstance(remote.item, llm.ChatMessage):
             remote.item.content = [text] if text else []
+
+
+def _retryable(error: dict[str, Any]) -> bool:
+    """Whether asking again may succeed: not for a request the worker refused as invalid (an
+    `invalid_request_error`, e.g. `context_length_exceeded`: the same conversation is refused
+    the same way until it changes); yes for the worker's own failures (`server_error`)."""
+    return error.get("type") != "invalid_request_error"
 
 
 def _has_content(item: llm.ChatItem) -> bool:
