@@ -158,7 +158,7 @@ class RealtimeSession:
     async def _session_update(self, event: p.SessionUpdate) -> None:
         update = event.session.model_dump(exclude_unset=True)
         update.pop("type", None)
-        merged = _deep_merge(self.config.model_dump(), update)
+        merged = _merge_session(self.config.model_dump(), update)
         try:
             config = p.SessionConfig.model_validate(merged)
         except ValidationError as e:
@@ -456,6 +456,18 @@ def engine_truncation(truncation: p.Truncation) -> eng.Truncation:
         return eng.Truncation(mode="retention_ratio", retention_ratio=truncation.retention_ratio,
                               post_instructions_tokens=limits.post_instructions if limits else None)
     return eng.Truncation(mode=truncation)
+
+
+# Session fields a session.update replaces whole, as OpenAI does: a new truncation is the new
+# one (its token_limits are not kept from the last), a new tool choice too. The others (audio,
+# and what nests in it) are merged field by field.
+REPLACED_WHOLE = frozenset({"truncation", "tool_choice"})
+
+
+def _merge_session(config: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    whole = {key: value for key, value in update.items() if key in REPLACED_WHOLE}
+    merged = _deep_merge(config, {key: value for key, value in update.items() if key not in REPLACED_WHOLE})
+    return {**merged, **whole}
 
 
 def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:

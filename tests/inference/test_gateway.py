@@ -481,3 +481,18 @@ async def test_items_deleted_or_inserted_while_the_cut_is_made_break_nothing(gat
     assert u1 not in ids and u2 not in ids  # the one that left, the one deleted
     assert ids[:3] == ["inserted", u3, u4]  # inserted during the reply: never read, so still in
     assert gateway.engine.requests[-1].context[0].audio.size == 3200  # and its audio kept
+
+
+async def test_a_new_truncation_replaces_the_old_one_whole(gateway):
+    """As OpenAI does: `truncation` is one field, not merged with the previous one."""
+    async with await gateway.client() as c:
+        limited = {"type": "retention_ratio", "retention_ratio": 0.8, "token_limits": {"post_instructions": 3000}}
+        await c.update_session(truncation=limited)
+        session = await c.update_session(truncation={"type": "retention_ratio", "retention_ratio": 0.5})
+        assert session["truncation"] == {"type": "retention_ratio", "retention_ratio": 0.5, "token_limits": None}
+        await turn(c, "hi")
+        assert gateway.engine.requests[-1].truncation == eng.Truncation(mode="retention_ratio", retention_ratio=0.5)
+        # the same for a forced tool choice: a new one is the new one, whole
+        tools = [{"type": "function", "name": "a"}, {"type": "function", "name": "b"}]
+        await c.update_session(tools=tools, tool_choice={"type": "function", "name": "a"})
+        assert (await c.update_session(tool_choice="auto"))["tool_choice"] == "auto"
