@@ -195,6 +195,8 @@ class OmniEngine(abc.ABC):
     name: str = "engine"
     #: voices the engine can speak with; the first one is the default
     voices: tuple[str, ...] = ("Chelsie",)
+    #: thinker tokens one prompt and its reply share (known once started); None: not known
+    context_tokens: int | None = None
 
     def __init__(self, model: str) -> None:
         self.model = model

@@ -496,3 +496,24 @@ async def test_a_new_truncation_replaces_the_old_one_whole(gateway):
         tools = [{"type": "function", "name": "a"}, {"type": "function", "name": "b"}]
         await c.update_session(tools=tools, tool_choice={"type": "function", "name": "a"})
         assert (await c.update_session(tool_choice="auto"))["tool_choice"] == "auto"
+
+
+async def test_a_post_instructions_limit_above_what_the_context_allows_is_refused(gateway):
+    """OpenAI: post_instructions cannot be higher than the context window minus the maximum
+    output tokens; it refuses one that is, naming the field, and keeps the session as it was."""
+    gateway.engine.context_tokens = 4096
+    param = "session.truncation.token_limits.post_instructions"
+
+    def limited(tokens: int) -> dict:
+        return {"type": "retention_ratio", "retention_ratio": 0.8, "token_limits": {"post_instructions": tokens}}
+
+    async with await gateway.client() as c:
+        for session in ({"truncation": limited(5000)}, {"truncation": limited(4000), "max_output_tokens": 200}):
+            await c.send("session.update", event_id="too-many", session=session)
+            error = (await c.wait_for("error"))["error"]
+            assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", "invalid_value", param)
+            assert "4096" in error["message"] and error["event_id"] == "too-many"
+        assert (await c.update_session())["truncation"] == "auto"  # nothing changed
+        assert (await c.update_session(truncation=limited(3000), max_output_tokens=1000))["truncation"] == limited(3000)
+        await c.send("session.update", session={"max_output_tokens": 2000})  # 3000 + 2000 > 4096
+        assert (await c.wait_for("error"))["error"]["param"] == param
