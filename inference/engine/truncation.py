@@ -101,11 +101,15 @@ def cut_points(context: Sequence[ContextItem]) -> list[int]:
     newest = max(i for i, item_id in enumerate(ids) if item_id is not None)
     while newest > 0 and ids[newest - 1] == ids[newest]:
         newest -= 1  # the newest item's first context item
-    spans: dict[str, list[int]] = {}  # call id -> where its call and output are
+    # each output pairs with the latest call of its call_id before it that has none yet: a
+    # client may reuse a call_id, and pairing by the id alone would pin everything between
+    open_calls: dict[str, list[int]] = {}  # call id -> where its unanswered calls are
+    paired = []
     for index, item in enumerate(context):
-        if isinstance(item, (ToolCall, ToolResult)):
-            spans.setdefault(item.call_id, []).append(index)
-    paired = [(min(at), max(at)) for at in spans.values() if len(at) > 1]
+        if isinstance(item, ToolCall):
+            open_calls.setdefault(item.call_id, []).append(index)
+        elif isinstance(item, ToolResult) and open_calls.get(item.call_id):
+            paired.append((open_calls[item.call_id].pop(), index))
     points = []
     for index in range(1, newest + 1):
         if ids[index - 1] is None:

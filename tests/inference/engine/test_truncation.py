@@ -157,3 +157,17 @@ def test_instructions_and_tools_that_alone_do_not_fit_are_named_not_the_newest_i
         with pytest.raises(eng.ContextLengthExceeded, match="instructions and tools alone are 10 tokens.*holds 8") as e:
             fit_context(context, truncation, room=8, measure=measure)
         assert "newest" not in str(e.value)
+
+
+def test_a_reused_call_id_pairs_each_output_with_the_call_before_it():
+    context = [
+        user("a"),
+        eng.ToolCall("x", "f", "{}", item_id="call1"), eng.ToolResult("x", "ok", item_id="output1"),
+        user("b"), user("c"),
+        eng.ToolCall("x", "f", "{}", item_id="call2"), eng.ToolResult("x", "ok", item_id="output2"),
+        user("last"),
+    ]
+    # between the two pairs the prompt may start anywhere; never inside either pair
+    assert cut_points(context) == [1, 3, 4, 5, 7]
+    # an output whose call left earlier (or never was) pins nothing
+    assert cut_points([user("a"), eng.ToolResult("y", "ok", item_id="orphan"), user("b"), user("c")]) == [1, 2, 3]
