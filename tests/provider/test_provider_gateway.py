@@ -300,10 +300,15 @@ async def test_user_audio_in_a_chat_context_is_sent_as_16k_audio(gateway, open_s
 # --------------------------------------------------------------------------- interruption
 
 
+REPLY_WORDS, REPLY_S = 3000, 60.0  # 200 ms of audio a word, 10 words a second generated
+
+
 @contextlib.asynccontextmanager
 async def playing_reply() -> AsyncIterator[tuple[RealtimeSession, Recorder, llm.GenerationCreatedEvent, Any]]:
-    """A session whose long reply (200 words) has begun to play: its first audio frame is in."""
-    gw = Gateway(ScriptedEngine(words=200, step_s=0.02))
+    """A session whose long reply has begun to play: its first audio frame is in. Generated
+    whole, the reply would take REPLY_S to generate, far beyond any wait of the tests below, so
+    one that ends within such a wait was ended by the test."""
+    gw = Gateway(ScriptedEngine(words=REPLY_WORDS, step_s=REPLY_S / REPLY_WORDS))
     await gw.start()
     model = RealtimeModel(url=gw.url, api_key=KEY)
     session = model.session()
@@ -324,8 +329,10 @@ async def test_interrupt_cancels_on_the_worker_once():
     async with playing_reply() as (session, rec, generation, message):
         session.interrupt()
         session.interrupt()
-        frames = await asyncio.wait_for(_collect(message.audio_stream), 5)  # ends promptly
-        assert len(frames) < 199
+        frames = await asyncio.wait_for(_collect(message.audio_stream), 5)  # ends promptly: not at REPLY_S
+        # the words generated while the cancel was on its way (0.3 s of generation), not more
+        assert sum(frame.duration for frame in frames) < 3.0
+        assert generation.response_id in {e["response"]["id"] for e in rec.received if e["type"] == "response.done"}
         await asyncio.wait_for(_collect(generation.message_stream), 5)
         done = await rec.wait_received("response.done")
         assert done["response"]["status"] == "cancelled"
