@@ -429,13 +429,22 @@ def test_chunked_vocoding_equals_one_shot_vocoding(engine):
 # --------------------------------------------------------------------------- kernels
 
 class EagerGraph:
-    """Stands in for a captured CUDA graph on the CPU: replaying runs the captured function."""
+    """Stands in for a captured CUDA graph on the CPU: replaying runs the captured function.
+    Each records the capture stream it was given (`captured`: (kind, stream) in order)."""
+
+    kind = "decode"  # the engine loop's graphs (cuda_graphs.py's users)
+    captured: list[tuple[str, object]] = []
 
     def __init__(self, function, pool=None, stream=None) -> None:
         self.function = function
+        EagerGraph.captured.append((self.kind, stream))
 
     def replay(self):
         return self.function()
+
+
+class EagerToken2WavGraph(EagerGraph):
+    kind = "token2wav"
 
 
 @asyncio_module
@@ -451,8 +460,18 @@ async def test_the_graph_path_gives_the_eager_replies(greedy, codes_by_request, 
     from inference.engine.reference import cuda_graphs, kv_pool, token2wav_runner
 
     monkeypatch.setattr(kv_pool, "SMALLEST_WINDOW", 41)
-    for module in (cuda_graphs, token2wav_runner):
-        monkeypatch.setattr(module, "CapturedStep", EagerGraph)
+    monkeypatch.setattr(cuda_graphs, "CapturedStep", EagerGraph)
+    monkeypatch.setattr(token2wav_runner, "CapturedStep", EagerToken2WavGraph)
+    monkeypatch.setattr(EagerGraph, "captured", [])
+    # a CPU runner has no CUDA streams: its capture stream gets a stand-in, set where its
+    # graphs (the ODE's and the vocoder's) are made, to see that they are captured on it
+    capture_stream = object()
+    for graphed_part in (token2wav_runner._WindowOde, token2wav_runner._Vocoder):
+        def with_capture_stream(self, runner, *args, _init=graphed_part.__init__, **kwargs):
+            runner.capture_stream = capture_stream
+            _init(self, runner, *args, **kwargs)
+
+        monkeypatch.setattr(graphed_part, "__init__", with_capture_stream)
     for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):  # set by the engine: undone after
         monkeypatch.setenv(variable, str(tmp_path))
     graphed = create_engine("reference", "tiny-random", seed=7, max_audio_seconds=2.0,
@@ -464,6 +483,12 @@ async def test_the_graph_path_gives_the_eager_replies(greedy, codes_by_request, 
     await graphed.start_with_model(greedy.loaded)
     try:
         assert graphed.runner.thinker_decode.graphs and graphed.runner.token2wav.graphed["ode"]
+        # token2wav's graphs (ODE and vocoder) are captured on a stream of their own, none of
+        # the decode steps' on it: replayed side by side, graphs of one capture stream share
+        # cuBLAS's workspace (the 24/32-call hang, cuda_graphs.py)
+        kinds = {kind: {id(stream) for k, stream in EagerGraph.captured if k == kind} for kind in ("decode", "token2wav")}
+        assert kinds["token2wav"] == {id(capture_stream)} and kinds["decode"], EagerGraph.captured
+        assert id(capture_stream) not in kinds["decode"]
         requests = turns(seed=90)[:3]
         eager = await each_alone(greedy, requests, "eager", codes_by_request)
         tagged(requests, "graphed")
