@@ -66,16 +66,16 @@ def test_a_function_output_is_never_replayed_without_its_call():
     assert ids(kept) == ["c1", "o1", "a1"]
 
 
-def test_a_function_output_whose_call_is_gone_is_left_out_wherever_it_is():
-    # the call deleted by the client, its output in the middle of the conversation
-    items = [spoken("u1", 1), output("o1", "gone"), reply("a1"), call("c2", "x"), output("o2", "x"), reply("a2")]
-    kept, left_out = replay_plan(items, set())
-    assert ids(kept) == ["u1", "a1", "c2", "o2", "a2"] and left_out == ["o1"]
-    # the call left the context (it never leaves without its output on the worker, but a copy
-    # may say so): its output goes too
-    kept, _ = replay_plan(items, {"c2"})
-    assert ids(kept) == ["u1", "a1", "a2"]
+def test_a_function_output_whose_call_is_left_out_goes_too_wherever_it_is():
+    items = [spoken("u1", 1), reply("a0"), call("c1", "x"), output("o1", "x"), reply("a1"), call("c2", "y"),
+             spoken("u2", 1), output("o2", "y"), reply("a2")]
+    # the item limit leaves out the call but not its output, in the middle of what is kept
+    kept, left_out = replay_plan(items, {"c2"})
+    assert ids(kept) == ["u1", "a0", "c1", "o1", "a1", "u2", "a2"] and left_out == ["c2", "o2"]
     # a client that reuses a call_id: each output pairs with the call before it
-    items = [call("c1", "x"), output("o1", "x"), reply("a1"), output("o2", "x"), call("c3", "x"), output("o3", "x")]
-    kept, _ = replay_plan(items, set())
-    assert ids(kept) == ["c1", "o1", "a1", "c3", "o3"]
+    items = [call("c1", "x"), output("o1", "x"), reply("a1"), call("c3", "x"), output("o3", "x")]
+    kept, _ = replay_plan(items, {"c1"})
+    assert ids(kept) == ["a1", "c3", "o3"]
+    # an output whose call the client deleted is held so by the worker too: it is replayed
+    items = [spoken("u1", 1), output("orphan", "gone"), reply("a1")]
+    assert ids(replay_plan(items, set())[0]) == ["u1", "orphan", "a1"]

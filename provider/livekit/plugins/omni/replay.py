@@ -29,8 +29,8 @@ def replay_plan(items: Sequence[llm.ChatItem], left_context: Collection[str] = (
 
     Kept: the items not in `left_context` (those the lost worker's model no longer read), the
     newest of them that fit `max_items` and `max_audio_s` of user audio, and never a function
-    call's output without its call before it, wherever it is (the worker itself never leaves
-    one so)."""
+    call's output whose call is left out, wherever it is (the worker itself never cuts between
+    them)."""
     kept: list[llm.ChatItem] = []
     audio_s = 0.0
     for item in reversed([item for item in items if item.id not in left_context]):
@@ -39,24 +39,26 @@ def replay_plan(items: Sequence[llm.ChatItem], left_context: Collection[str] = (
             break
         kept.append(item)
     kept.reverse()
-    kept = _without_orphaned_outputs(kept)
+    kept = _without_outputs_of_calls_left_out(items, kept)
     kept_ids = {item.id for item in kept}
     return kept, [item.id for item in items if item.id not in kept_ids]
 
 
-def _without_orphaned_outputs(items: list[llm.ChatItem]) -> list[llm.ChatItem]:
-    """Each function call output only after a call of its call_id that has no output yet."""
-    open_calls: dict[str, int] = {}  # call_id -> calls seen and not yet answered
-    out = []
+def _without_outputs_of_calls_left_out(items: Sequence[llm.ChatItem], kept: list[llm.ChatItem]) -> list[llm.ChatItem]:
+    """`kept` less each function call output whose call is not kept, wherever it is. An
+    output pairs with the latest call of its call_id before it that has no output yet (a
+    client may reuse a call_id); one with no such call (the client deleted it) is kept: the
+    worker holds it so too."""
+    kept_ids = {item.id for item in kept}
+    open_calls: dict[str, list[str]] = {}  # call_id -> ids of its calls not answered yet
+    dropped = set()
     for item in items:
         if item.type == "function_call":
-            open_calls[item.call_id] = open_calls.get(item.call_id, 0) + 1
-        elif item.type == "function_call_output":
-            if not open_calls.get(item.call_id):
-                continue
-            open_calls[item.call_id] -= 1
-        out.append(item)
-    return out
+            open_calls.setdefault(item.call_id, []).append(item.id)
+        elif item.type == "function_call_output" and open_calls.get(item.call_id):
+            if open_calls[item.call_id].pop() not in kept_ids:
+                dropped.add(item.id)
+    return [item for item in kept if item.id not in dropped]
 
 
 def _audio_seconds(item: llm.ChatItem) -> float:
