@@ -850,6 +850,37 @@ async def test_a_conversation_with_the_prefix_cache_gives_the_same_replies(greed
 
 
 @asyncio_module
+async def test_audio_a_conversation_no_longer_reads_leaves_the_encoder_cache(greedy):
+    """The encoder's output of a clip is kept while a session's prompt still reads it: once
+    truncation (or a delete) leaves the clip out, and when the session ends, it goes. Without
+    this, a long call kept every clip it ever heard (0.5 MB a 3 s turn on the 7B model) up to
+    the cache's 512 MB."""
+    cache = greedy.runner.encoder_cache
+    cache.clear()
+    clips = [UserAudio(speech(1.0, seed=300 + i), item_id=f"clip{i}") for i in range(4)]
+
+    async def read(session: str | None, *indices: int) -> None:
+        await collect(greedy, request(context=[clips[i] for i in indices], session_id=session,
+                                      max_output_tokens=2, modalities=("text",)))
+
+    await read("call", 0, 1)
+    await read("other", 1, 2)  # another session reads clip 1 too
+    assert len(cache.entries) == 3
+    await read("call", 1, 3)  # clip 0 left the call's context: gone; 1 is still read
+    assert len(cache.entries) == 3 and cache.bytes == sum(t.numel() * t.element_size() for t in cache.entries.values())
+    await read("call", 3)  # clip 1 left it too, but "other" still reads it
+    assert len(cache.entries) == 3
+    greedy.end_session("other")
+    await read("call", 3)  # (the engine loop takes the end of "other" before this reply)
+    assert len(cache.entries) == 1  # clips 1 and 2 went with "other"
+    await read(None, 0)  # a request of no session (a transcription) is cached for its reply to come
+    assert len(cache.entries) == 2
+    greedy.end_session("call")
+    await read(None, 0)
+    assert len(cache.entries) == 1
+
+
+@asyncio_module
 async def test_edits_invalidate_exactly_what_they_change(greedy, codes_by_request):
     """A changed conversation reuses the cached KV up to its first difference and no further:
     new instructions, a deleted item, a truncated assistant turn, changed tools. Each reply is
