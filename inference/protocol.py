@@ -380,7 +380,7 @@ class Usage(_Model):
     total_tokens: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
-    input_token_details: dict[str, int] = Field(default_factory=dict)
+    input_token_details: dict[str, Any] = Field(default_factory=dict)  # with cached_tokens_details
     output_token_details: dict[str, int] = Field(default_factory=dict)
 
 

@@ -517,3 +517,33 @@ async def test_a_post_instructions_limit_above_what_the_context_allows_is_refuse
         assert (await c.update_session(truncation=limited(3000), max_output_tokens=1000))["truncation"] == limited(3000)
         await c.send("session.update", session={"max_output_tokens": 2000})  # 3000 + 2000 > 4096
         assert (await c.wait_for("error"))["error"]["param"] == param
+
+
+async def test_usage_says_what_was_read_also_of_cancelled_and_failed_responses(gateway):
+    """OpenAI reports usage on every response.done: the prompt read, its cached part split by
+    modality (cached_tokens_details), also when the reply was cancelled or failed."""
+    gateway.engine.cached_tokens, gateway.engine.cached_audio_tokens = 7, 4
+    async with await gateway.client() as c:
+        usage = (await turn(c, "hi"))["usage"]
+        assert usage["input_tokens"] == 10 and usage["output_tokens"] == 5 + 50
+        assert usage["input_token_details"] == {
+            "text_tokens": 6, "audio_tokens": 4, "image_tokens": 0, "cached_tokens": 7,
+            "cached_tokens_details": {"text_tokens": 3, "audio_tokens": 4, "image_tokens": 0}}
+
+        gateway.engine.words, gateway.engine.step_s = 200, 0.05
+        await say(c, "a long one")
+        await c.send("response.create")
+        await c.wait_for("response.output_audio.delta")
+        await c.send("response.cancel")
+        cancelled = (await c.until_done(timeout=10))[-1]["response"]
+        assert cancelled["status"] == "cancelled"
+        assert cancelled["usage"]["input_tokens"] == 10 and cancelled["usage"]["total_tokens"] >= 10
+        assert cancelled["usage"]["input_token_details"]["audio_tokens"] == 4
+
+        gateway.engine.words, gateway.engine.fail_after = 5, 2
+        failed = await turn(c, "and fail")
+        assert failed["status"] == "failed" and failed["usage"]["input_tokens"] == 10
+
+        gateway.engine.fail_after, gateway.engine.refuse = None, eng.ContextLengthExceeded(5000, 3584)
+        refused = await turn(c, "refused before reading")
+        assert refused["status"] == "failed" and refused["usage"]["input_tokens"] == 0

@@ -881,6 +881,26 @@ async def test_audio_a_conversation_no_longer_reads_leaves_the_encoder_cache(gre
 
 
 @asyncio_module
+async def test_what_was_read_comes_before_the_reply_and_the_cached_part_by_modality(greedy):
+    """PromptRead (what a cancelled reply has read) comes before any output and says what
+    Finished says; Finished splits the cached tokens by modality."""
+    from inference.engine import PromptRead
+
+    context = [UserAudio(speech(1.0, seed=400), item_id="u1"), UserText("Hello!", item_id="u2")]
+    first = await collect(greedy, request(context=context, session_id="usage", max_output_tokens=3))
+    read = next(i for i, d in enumerate(first) if isinstance(d, PromptRead))
+    assert not any(isinstance(d, (TextDelta, AudioDelta)) for d in first[:read])
+    finished = first[-1]
+    assert (first[read].input_tokens, first[read].input_audio_tokens) == (finished.input_tokens,
+                                                                           finished.input_audio_tokens)
+    assert finished.input_audio_tokens > 0 and finished.cached_tokens == 0 == finished.cached_audio_tokens
+    again = (await collect(greedy, request(context=context + [UserText("And?", item_id="u3")],
+                                           session_id="usage", max_output_tokens=3)))[-1]
+    assert again.cached_tokens > 0 and again.cached_audio_tokens == finished.input_audio_tokens  # the clip came first
+    greedy.end_session("usage")
+
+
+@asyncio_module
 async def test_edits_invalidate_exactly_what_they_change(greedy, codes_by_request):
     """A changed conversation reuses the cached KV up to its first difference and no further:
     new instructions, a deleted item, a truncated assistant turn, changed tools. Each reply is
