@@ -901,6 +901,31 @@ async def test_what_was_read_comes_before_the_reply_and_the_cached_part_by_modal
 
 
 @asyncio_module
+async def test_a_finished_reply_is_freed_at_once_not_by_a_garbage_collection(greedy):
+    """A reply holds its request, and so the whole conversation's audio: it must be freed when
+    it ends, by reference counting. In a reference cycle it waited for Python's full garbage
+    collection, which a busy worker runs rarely (its RSS grew by megabytes a turn)."""
+    import gc
+
+    from inference.engine.reference.reply import Reply
+
+    gc.collect()
+    gc.disable()
+    try:
+        await collect(greedy, request(context=[UserAudio(speech(1.0, seed=500), item_id="u")],
+                                      session_id="freed", max_output_tokens=3))
+        greedy.end_session("freed")
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        cyclic = [type(o).__name__ for o in gc.garbage if isinstance(o, (Reply, GenerationRequest))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert cyclic == []
+
+
+@asyncio_module
 async def test_edits_invalidate_exactly_what_they_change(greedy, codes_by_request):
     """A changed conversation reuses the cached KV up to its first difference and no further:
     new instructions, a deleted item, a truncated assistant turn, changed tools. Each reply is
