@@ -5,7 +5,7 @@ A two-hour call is some 250 turns, and crosses a 4,096-token context many times 
 turns are short (0.3-0.6 s of speech, replies of a few tokens) and the context small (512
 tokens), so the conversation crosses it every few turns as a long call does every few minutes,
 and the worker's item limit (60) is reached again and again: the same paths, at the speed the
-CPU stack allows (a few minutes on two cores). After every step it checks:
+CPU stack allows (about 40 s on two cores). After every step it checks:
 
 - no turn fails (every response ends completed or incomplete; no error but the reconnections'),
 - what the worker's model reads (the items in its context, in order) is what the plugin would
