@@ -38,7 +38,9 @@ SEED = 24
 STEPS = 300  # about the turns of a two-hour call
 MAX_ITEMS = 60
 ANSWERED = ("completed", "incomplete")
-RSS_GROWTH_LIMIT_MB = 30
+# this process's RSS, steps 100-150 against the last 50 (medians): measured +1 MB (2026-12-02,
+# 2-core VM); the worker's own slope is measured exactly by tests/inference/test_long_call.py
+RSS_GROWTH_LIMIT_MB = 10
 
 
 @pytest.fixture
