@@ -14,6 +14,7 @@ reached the oldest of them are deleted to make room (`make_room`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -103,15 +104,16 @@ class Conversation:
     def delete(self, item_id: str) -> None:
         self._entries.remove(self.get(item_id))
 
-    def leave_context(self, first_item_id: str) -> None:
-        """The model reads the conversation from `first_item_id` on: every item before it
-        leaves the context, and its audio is freed."""
-        first = self.get(first_item_id)
+    def leave_context(self, item_ids: Iterable[str]) -> None:
+        """These items (the ones a response's cut left out of what the model read) leave the
+        context for good, and their audio is freed. Named by id, not as "everything before the
+        cut": the client may delete items, or insert some before the cut, while the reply is
+        prepared, and an item inserted then was never read, so it stays."""
+        leaving = set(item_ids)
         for entry in self._entries:
-            if entry is first:
-                return
-            entry.in_context = False
-            entry.audio.clear()
+            if entry.item.id in leaving:
+                entry.in_context = False
+                entry.audio.clear()
 
     def make_room(self, keep: Entry | None = None) -> list[str]:
         """At the item limit, delete the oldest items the model no longer reads (other than

@@ -380,7 +380,7 @@ class Usage(_Model):
     total_tokens: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
-    input_token_details: dict[str, int] = Field(default_factory=dict)
+    input_token_details: dict[str, Any] = Field(default_factory=dict)  # with cached_tokens_details
     output_token_details: dict[str, int] = Field(default_factory=dict)
 
 
@@ -522,6 +522,17 @@ class ResponseCreated(_ServerEvent):
 class ResponseDone(_ServerEvent):
     type: Literal["response.done"] = "response.done"
     response: Response
+
+
+class ResponseContextTruncated(_ServerEvent):
+    """Our extension (OpenAI sends nothing when truncation cuts): the response's prompt left
+    these conversation items out, for good; the model reads from `context_start_item_id` on.
+    Sent as soon as the cut is made, so that a client replaying the conversation to another
+    worker (after a lost connection) knows it even when response.done never comes."""
+    type: Literal["response.context_truncated"] = "response.context_truncated"
+    response_id: str
+    context_start_item_id: str
+    item_ids: list[str]
 
 
 class ResponseOutputItemAdded(_ServerEvent):

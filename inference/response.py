@@ -45,6 +45,7 @@ class ResponseRun:
         self._message: Entry | None = None  # the assistant message being streamed
         self._first_audio_at: float | None = None
         self._audio_samples = 0
+        self._read = eng.PromptRead(0)  # what the model read, for the usage of a reply that does not finish
         self.cancel_reason = "client_cancelled"
         if conversation is not None:  # the model reads the conversation from its first item sent
             response.context_start_item_id = next(
@@ -73,9 +74,15 @@ class ResponseRun:
         except eng.EngineError as e:
             log.warning("response %s failed: %s", self.id, e)
             failure = e
+        except Exception as e:  # a bug of ours: the client still gets its response.done
+            log.exception("response %s failed inside the worker", self.id)
+            failure = eng.EngineError(f"the worker failed: {type(e).__name__}")
         finally:
             await stream.aclose()  # stops engine work before anything else is sent
 
+        if finished is None:  # what was read, as OpenAI reports it for any response; the
+            # engines count the reply's own tokens only when it ends
+            self.response.usage = _usage(self._read.input_tokens, self._read.input_audio_tokens, 0, 0, 0, 0)
         if cancelled:
             self._metrics.cancels.labels(self.cancel_reason).inc()
             await self._finish("cancelled", {"type": "cancelled", "reason": self.cancel_reason})
@@ -100,7 +107,10 @@ class ResponseRun:
 
     async def _on_delta(self, delta: eng.Delta) -> None:
         if isinstance(delta, eng.ContextTruncated):
-            self._context_truncated(delta)
+            await self._context_truncated(delta)
+            return
+        if isinstance(delta, eng.PromptRead):
+            self._read = delta
             return
         if isinstance(delta, eng.ToolCallDelta):
             await self._close_message("completed")
@@ -181,16 +191,21 @@ class ResponseRun:
         await self._send(p.ResponseOutputItemDone(response_id=self.id, output_index=index, item=entry.item))
         await self._send(p.ConversationItemDone(item=entry.item))
 
-    def _context_truncated(self, delta: eng.ContextTruncated) -> None:
+    async def _context_truncated(self, delta: eng.ContextTruncated) -> None:
         """The engine left the oldest items out: they leave the conversation's context for good
-        (as OpenAI does, without an event; response.done's usage counts what was read)."""
+        (OpenAI sends no event; ours, `response.context_truncated`, lets a client that replays
+        the conversation elsewhere know at once, and response.done's usage counts what was read)."""
         if self._conversation is None:
             return
-        self._conversation.leave_context(delta.first_item_id)
+        read = list(dict.fromkeys(item.item_id for item in self.request.context if item.item_id is not None))
+        left = read[:read.index(delta.first_item_id)] if delta.first_item_id in read else []
+        self._conversation.leave_context(left)
         self.response.context_start_item_id = delta.first_item_id
         self._metrics.context_truncations.inc()
         log.info("response %s: %d conversation items (%d tokens) left the model's context; it now starts at %s",
                  self.id, delta.dropped_items, delta.dropped_tokens, delta.first_item_id)
+        await self._send(p.ResponseContextTruncated(
+            response_id=self.id, context_start_item_id=delta.first_item_id, item_ids=left))
 
     # ------------------------------------------------------------------ the end
 
@@ -202,22 +217,31 @@ class ResponseRun:
         self._metrics.responses.labels(status).inc()
 
     def _record_usage(self, finished: eng.Finished) -> None:
-        text_out, audio_out = finished.output_text_tokens, finished.output_audio_tokens
-        self.response.usage = p.Usage(
-            total_tokens=finished.input_tokens + text_out + audio_out,
-            input_tokens=finished.input_tokens,
-            output_tokens=text_out + audio_out,
-            input_token_details={"text_tokens": finished.input_tokens - finished.input_audio_tokens,
-                                 "audio_tokens": finished.input_audio_tokens,
-                                 "cached_tokens": finished.cached_tokens},
-            output_token_details={"text_tokens": text_out, "audio_tokens": audio_out},
-        )
+        self.response.usage = _usage(finished.input_tokens, finished.input_audio_tokens, finished.cached_tokens,
+                                     finished.cached_audio_tokens, finished.output_text_tokens,
+                                     finished.output_audio_tokens)
         timings = finished.timings
         if "queue_wait_s" in timings:
             self._metrics.queue_wait.observe(timings["queue_wait_s"])
         audio_s = self._audio_samples / eng.OUTPUT_SAMPLE_RATE
         if audio_s > 0:
             self._metrics.realtime_factor.observe((time.perf_counter() - self._started_at) / audio_s)
+
+
+def _usage(input_tokens: int, input_audio: int, cached: int, cached_audio: int, text_out: int,
+           audio_out: int) -> p.Usage:
+    """OpenAI's usage shape: input and output by modality, the cached part of the input too."""
+    return p.Usage(
+        total_tokens=input_tokens + text_out + audio_out,
+        input_tokens=input_tokens,
+        output_tokens=text_out + audio_out,
+        input_token_details={
+            "text_tokens": input_tokens - input_audio, "audio_tokens": input_audio, "image_tokens": 0,
+            "cached_tokens": cached,
+            "cached_tokens_details": {"text_tokens": cached - cached_audio, "audio_tokens": cached_audio,
+                                      "image_tokens": 0}},
+        output_token_details={"text_tokens": text_out, "audio_tokens": audio_out},
+    )
 
 
 _FAILURE_CODES = {eng.EngineOverloaded: "engine_overloaded", eng.ContextLengthExceeded: "context_length_exceeded"}

@@ -158,7 +158,7 @@ class RealtimeSession:
     async def _session_update(self, event: p.SessionUpdate) -> None:
         update = event.session.model_dump(exclude_unset=True)
         update.pop("type", None)
-        merged = _deep_merge(self.config.model_dump(), update)
+        merged = _merge_session(self.config.model_dump(), update)
         try:
             config = p.SessionConfig.model_validate(merged)
         except ValidationError as e:
@@ -166,6 +166,7 @@ class RealtimeSession:
         self._check_formats(config)
         self._check_instructions(config.instructions)
         self._check_tools(config.tools, "session.tools")
+        self._check_token_limits(config)
         config.audio.output.voice = self._map_voice(config.audio.output.voice)
         if config.audio.input.turn_detection and config.audio.input.turn_detection.type != "server_vad":
             log.warning("session %s: turn detection %r is served as server_vad", self.config.id,
@@ -195,6 +196,22 @@ class RealtimeSession:
             raise ClientError("unsupported_audio_format",
                               f"output is audio/pcm at {eng.OUTPUT_SAMPLE_RATE} Hz only", "audio.output.format")
         fmt_out.rate = eng.OUTPUT_SAMPLE_RATE
+
+    def _check_token_limits(self, config: p.SessionConfig) -> None:
+        """OpenAI: post_instructions cannot be higher than the model's context window minus the
+        maximum output tokens. With `max_output_tokens` "inf" the reply's room is the engine's
+        own reply limit, which the engine subtracts when it cuts."""
+        truncation, context = config.truncation, self._engine.context_tokens
+        if not isinstance(truncation, p.RetentionRatioTruncation) or truncation.token_limits is None \
+                or truncation.token_limits.post_instructions is None or context is None:
+            return
+        reply = config.max_output_tokens if isinstance(config.max_output_tokens, int) else 0
+        if truncation.token_limits.post_instructions > context - reply:
+            raise ClientError(
+                "invalid_value", f"truncation.token_limits.post_instructions is "
+                f"{truncation.token_limits.post_instructions}; the model's context holds {context} tokens"
+                + (f", {reply} of them kept for the reply (max_output_tokens)" if reply else "")
+                + f": at most {context - reply}", "session.truncation.token_limits.post_instructions")
 
     def _check_instructions(self, instructions: str | None) -> None:
         if instructions and len(instructions) > self._limits.max_instructions_chars:
@@ -456,6 +473,18 @@ def engine_truncation(truncation: p.Truncation) -> eng.Truncation:
         return eng.Truncation(mode="retention_ratio", retention_ratio=truncation.retention_ratio,
                               post_instructions_tokens=limits.post_instructions if limits else None)
     return eng.Truncation(mode=truncation)
+
+
+# Session fields a session.update replaces whole, as OpenAI does: a new truncation is the new
+# one (its token_limits are not kept from the last), a new tool choice too. The others (audio,
+# and what nests in it) are merged field by field.
+REPLACED_WHOLE = frozenset({"truncation", "tool_choice"})
+
+
+def _merge_session(config: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    whole = {key: value for key, value in update.items() if key in REPLACED_WHOLE}
+    merged = _deep_merge(config, {key: value for key, value in update.items() if key not in REPLACED_WHOLE})
+    return {**merged, **whole}
 
 
 def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:

@@ -72,3 +72,11 @@ def test_importing_the_plugin_and_the_agent_loads_no_torch() -> None:
                          env={"PYTHONPATH": f"{REPO}:{REPO / 'provider'}", "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(REPO / "provider/livekit/plugins/omni/__init__.py")
+
+
+def test_the_suite_has_a_time_limit() -> None:
+    """A hang fails the test in minutes (pytest-timeout), not CI's whole run."""
+    assert "pytest-timeout" in names(requirements(".", "test"))
+    config = pyproject(".")["tool"]["pytest"]["ini_options"]
+    assert 0 < int(config["timeout"]) <= 900
+    import pytest_timeout  # noqa: F401  installed with the test extra

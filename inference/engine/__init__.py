@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .base import (
-    AssistantText, AudioDelta, ContextItem, ContextTruncated, Delta, EngineLoad, Finished, GenerationRequest, OmniEngine, SystemText, TextDelta, ToolCall, ToolCallDelta, ToolResult,
+    AssistantText, AudioDelta, ContextItem, ContextTruncated, Delta, EngineLoad, Finished, GenerationRequest, OmniEngine, PromptRead, SystemText, TextDelta, ToolCall, ToolCallDelta, ToolResult,
     ToolSpec, Truncation, UserAudio, UserText, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE,
 )
 from .exceptions import ContextLengthExceeded, EngineError, EngineOverloaded
@@ -24,7 +24,7 @@ def create_engine(name: str, model: str, **options) -> OmniEngine:
 
 __all__ = [
     "AssistantText", "AudioDelta", "ContextItem", "ContextLengthExceeded", "ContextTruncated", "Delta",
-    "EngineError", "EngineLoad", "EngineOverloaded", "Finished", "GenerationRequest", "OmniEngine", "SystemText", "TextDelta", "ToolCall",
+    "EngineError", "EngineLoad", "EngineOverloaded", "Finished", "GenerationRequest", "OmniEngine", "PromptRead", "SystemText", "TextDelta", "ToolCall",
     "ToolCallDelta", "ToolResult", "ToolSpec", "Truncation", "UserAudio", "UserText", "INPUT_SAMPLE_RATE",
     "OUTPUT_SAMPLE_RATE", "ENGINES", "create_engine",
 ]

@@ -163,19 +163,29 @@ class ContextTruncated:
 
 
 @dataclass
+class PromptRead:
+    """The prompt the model reads (after any truncation), known before any of the reply: what
+    the gateway reports as a response's usage when it is cancelled or fails before `Finished`.
+    Engines send it after `ContextTruncated` (if any) and before any output."""
+    input_tokens: int
+    input_audio_tokens: int = 0
+
+
+@dataclass
 class Finished:
     """Always the last delta of a generation that was not cancelled."""
     reason: Literal["stop", "length", "tool_calls"] = "stop"
     input_tokens: int = 0          # the prompt the model read (after any truncation)
     input_audio_tokens: int = 0
     cached_tokens: int = 0         # of input_tokens, those taken from a cache (not computed)
+    cached_audio_tokens: int = 0   # of cached_tokens, the audio ones
     output_text_tokens: int = 0
     output_audio_tokens: int = 0
     # seconds from the request to the first audio / text sample, and in total
     timings: dict[str, float] = field(default_factory=dict)
 
 
-Delta = Union[ContextTruncated, TextDelta, AudioDelta, ToolCallDelta, Finished]
+Delta = Union[ContextTruncated, PromptRead, TextDelta, AudioDelta, ToolCallDelta, Finished]
 
 
 @dataclass
@@ -195,6 +205,8 @@ class OmniEngine(abc.ABC):
     name: str = "engine"
     #: voices the engine can speak with; the first one is the default
     voices: tuple[str, ...] = ("Chelsie",)
+    #: thinker tokens one prompt and its reply share (known once started); None: not known
+    context_tokens: int | None = None
 
     def __init__(self, model: str) -> None:
         self.model = model

@@ -33,20 +33,28 @@ def fit_context(context: Sequence[ContextItem], truncation: Truncation, *, room:
     full = measure(0)
     clips = _clip_counts(context) if max_audio_clips is not None else None
 
+    def clips_fit(start: int) -> bool:
+        return clips is None or clips[start] <= max_audio_clips
+
     def fits(start: int, limit: int) -> bool:
-        return measure(start) <= limit and (clips is None or clips[start] <= max_audio_clips)
+        return measure(start) <= limit and clips_fit(start)
 
     if truncation.mode == "disabled":
         if full > room:
             raise ContextLengthExceeded(full, room)
+        if not clips_fit(0):
+            raise ContextLengthExceeded(full, room, message=(
+                f"the conversation holds {clips[0]} audio clips; this engine reads at most {max_audio_clips} "
+                "in one prompt: delete earlier audio items, or turn truncation on"))
         return 0
+    post_limit = None  # the post_instructions limit, where it is below what the context allows
     if truncation.mode == "auto":
         limit = target = room
     else:
         base = measure(len(context))  # instructions, tools and the chat template's own tokens
         budget = room - base
-        if truncation.post_instructions_tokens is not None:
-            budget = min(budget, truncation.post_instructions_tokens)
+        if truncation.post_instructions_tokens is not None and truncation.post_instructions_tokens < budget:
+            budget = post_limit = truncation.post_instructions_tokens
         limit = base + budget
         target = base + int(truncation.retention_ratio * budget)
     if fits(0, limit):
@@ -58,7 +66,29 @@ def fit_context(context: Sequence[ContextItem], truncation: Truncation, *, room:
     deepest = points[-1] if points else 0
     if target < limit and fits(deepest, limit):  # the ratio asks for more than may leave
         return deepest
-    raise ContextLengthExceeded(measure(deepest), room, newest_only=True)
+    raise _nothing_fits(measure(deepest), measure(len(context)), room, post_limit,
+                        clips[deepest] if clips is not None and not clips_fit(deepest) else None, max_audio_clips)
+
+
+def _nothing_fits(shortest: int, base: int, room: int, post_limit: int | None, clips: int | None,
+                  max_clips: int | None) -> ContextLengthExceeded:
+    """The refusal when leaving out every item that may leave is not enough: it names what is
+    too long (the instructions and tools, or the items that must stay) and the limit it
+    passes (the model's context, or the post_instructions limit)."""
+    if base > room:
+        return ContextLengthExceeded(base, room, message=(
+            f"the instructions and tools alone are {base} tokens; the model's context holds {room} with room "
+            "for the reply: shorten them, or ask for a shorter reply"))
+    if clips is not None:
+        return ContextLengthExceeded(shortest, room, message=(
+            f"the newest item alone holds {clips} audio clips; this engine reads at most {max_clips} "
+            "in one prompt: send fewer"))
+    if post_limit is not None and shortest - base > post_limit:
+        return ContextLengthExceeded(shortest, base + post_limit, message=(
+            f"the newest item alone is {shortest - base} tokens after the instructions and tools; "
+            f"truncation.token_limits.post_instructions allows {post_limit}: send a shorter one or raise "
+            "the limit"))
+    return ContextLengthExceeded(shortest, room, newest_only=True)
 
 
 def cut_points(context: Sequence[ContextItem]) -> list[int]:
@@ -71,11 +101,15 @@ def cut_points(context: Sequence[ContextItem]) -> list[int]:
     newest = max(i for i, item_id in enumerate(ids) if item_id is not None)
     while newest > 0 and ids[newest - 1] == ids[newest]:
         newest -= 1  # the newest item's first context item
-    spans: dict[str, list[int]] = {}  # call id -> where its call and output are
+    # each output pairs with the latest call of its call_id before it that has none yet: a
+    # client may reuse a call_id, and pairing by the id alone would pin everything between
+    open_calls: dict[str, list[int]] = {}  # call id -> where its unanswered calls are
+    paired = []
     for index, item in enumerate(context):
-        if isinstance(item, (ToolCall, ToolResult)):
-            spans.setdefault(item.call_id, []).append(index)
-    paired = [(min(at), max(at)) for at in spans.values() if len(at) > 1]
+        if isinstance(item, ToolCall):
+            open_calls.setdefault(item.call_id, []).append(index)
+        elif isinstance(item, ToolResult) and open_calls.get(item.call_id):
+            paired.append((open_calls[item.call_id].pop(), index))
     points = []
     for index in range(1, newest + 1):
         if ids[index - 1] is None:

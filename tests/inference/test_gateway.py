@@ -7,6 +7,7 @@ records requests. User-facing behaviour over the real model is in test_worker_re
 from __future__ import annotations
 
 import asyncio
+import base64
 
 import numpy as np
 import pytest
@@ -17,6 +18,8 @@ from inference.config import Limits, WorkerSettings
 from inference.server import Worker
 from tests.support.realtime_client import RealtimeClient, audio_of, speech_like, transcript_of
 from tests.support.scripted_engine import ScriptedEngine
+
+pytestmark = pytest.mark.timeout(60)  # each ends in seconds: a hang fails here, not at the suite's limit
 
 
 class Gateway:
@@ -449,3 +452,98 @@ async def test_disabled_truncation_keeps_the_engines_refusal(gateway):
     assert error["error"]["code"] == "context_length_exceeded" and error["error"]["event_id"] == "rc1"
     assert "context holds 3584" in error["error"]["message"]
     assert events[-1]["response"]["status"] == "failed"
+
+
+async def test_items_deleted_or_inserted_while_the_cut_is_made_break_nothing(gateway):
+    """The client may delete or insert items while a reply is prepared (outside its output):
+    the reply still ends with response.done, and what the model did not read stays in."""
+    gateway.engine.keep_items, gateway.engine.prepare_s = 3, 0.3
+    async with await gateway.client() as c:
+        for text in ("one", "two", "three", "four"):
+            await say(c, text)
+        u1, u2, u3, u4 = [e["item"]["id"] for e in c.events if e["type"] == "conversation.item.done"]
+        await c.send("response.create")
+        await c.wait_for("response.created")
+        # the engine is still choosing its cut (it will start at u2, the newest three)
+        await c.send("conversation.item.delete", item_id=u2)
+        pcm = (np.full(3200, 0.1) * 32767).astype("<i2").tobytes()
+        await c.send("conversation.item.create", previous_item_id=u1, item={
+            "type": "message", "id": "inserted", "role": "user",
+            "content": [{"type": "input_audio", "audio": base64.b64encode(pcm).decode()}]})
+        events = await c.until_done(timeout=10)
+        done = events[-1]["response"]
+        assert done["status"] == "completed", done["status_details"]
+        assert not [e for e in c.events if e["type"] == "error"]
+        assert done["context_start_item_id"] == u2
+        gateway.engine.keep_items = None  # the next request shows what is still in the context
+        await turn(c, "five")
+    ids = [item.item_id for item in gateway.engine.requests[-1].context]
+    assert u1 not in ids and u2 not in ids  # the one that left, the one deleted
+    assert ids[:3] == ["inserted", u3, u4]  # inserted during the reply: never read, so still in
+    assert gateway.engine.requests[-1].context[0].audio.size == 3200  # and its audio kept
+
+
+async def test_a_new_truncation_replaces_the_old_one_whole(gateway):
+    """As OpenAI does: `truncation` is one field, not merged with the previous one."""
+    async with await gateway.client() as c:
+        limited = {"type": "retention_ratio", "retention_ratio": 0.8, "token_limits": {"post_instructions": 3000}}
+        await c.update_session(truncation=limited)
+        session = await c.update_session(truncation={"type": "retention_ratio", "retention_ratio": 0.5})
+        assert session["truncation"] == {"type": "retention_ratio", "retention_ratio": 0.5, "token_limits": None}
+        await turn(c, "hi")
+        assert gateway.engine.requests[-1].truncation == eng.Truncation(mode="retention_ratio", retention_ratio=0.5)
+        # the same for a forced tool choice: a new one is the new one, whole
+        tools = [{"type": "function", "name": "a"}, {"type": "function", "name": "b"}]
+        await c.update_session(tools=tools, tool_choice={"type": "function", "name": "a"})
+        assert (await c.update_session(tool_choice="auto"))["tool_choice"] == "auto"
+
+
+async def test_a_post_instructions_limit_above_what_the_context_allows_is_refused(gateway):
+    """OpenAI: post_instructions cannot be higher than the context window minus the maximum
+    output tokens; it refuses one that is, naming the field, and keeps the session as it was."""
+    gateway.engine.context_tokens = 4096
+    param = "session.truncation.token_limits.post_instructions"
+
+    def limited(tokens: int) -> dict:
+        return {"type": "retention_ratio", "retention_ratio": 0.8, "token_limits": {"post_instructions": tokens}}
+
+    async with await gateway.client() as c:
+        for session in ({"truncation": limited(5000)}, {"truncation": limited(4000), "max_output_tokens": 200}):
+            await c.send("session.update", event_id="too-many", session=session)
+            error = (await c.wait_for("error"))["error"]
+            assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", "invalid_value", param)
+            assert "4096" in error["message"] and error["event_id"] == "too-many"
+        assert (await c.update_session())["truncation"] == "auto"  # nothing changed
+        assert (await c.update_session(truncation=limited(3000), max_output_tokens=1000))["truncation"] == limited(3000)
+        await c.send("session.update", session={"max_output_tokens": 2000})  # 3000 + 2000 > 4096
+        assert (await c.wait_for("error"))["error"]["param"] == param
+
+
+async def test_usage_says_what_was_read_also_of_cancelled_and_failed_responses(gateway):
+    """OpenAI reports usage on every response.done: the prompt read, its cached part split by
+    modality (cached_tokens_details), also when the reply was cancelled or failed."""
+    gateway.engine.cached_tokens, gateway.engine.cached_audio_tokens = 7, 4
+    async with await gateway.client() as c:
+        usage = (await turn(c, "hi"))["usage"]
+        assert usage["input_tokens"] == 10 and usage["output_tokens"] == 5 + 50
+        assert usage["input_token_details"] == {
+            "text_tokens": 6, "audio_tokens": 4, "image_tokens": 0, "cached_tokens": 7,
+            "cached_tokens_details": {"text_tokens": 3, "audio_tokens": 4, "image_tokens": 0}}
+
+        gateway.engine.words, gateway.engine.step_s = 200, 0.05
+        await say(c, "a long one")
+        await c.send("response.create")
+        await c.wait_for("response.output_audio.delta")
+        await c.send("response.cancel")
+        cancelled = (await c.until_done(timeout=10))[-1]["response"]
+        assert cancelled["status"] == "cancelled"
+        assert cancelled["usage"]["input_tokens"] == 10 and cancelled["usage"]["total_tokens"] >= 10
+        assert cancelled["usage"]["input_token_details"]["audio_tokens"] == 4
+
+        gateway.engine.words, gateway.engine.fail_after = 5, 2
+        failed = await turn(c, "and fail")
+        assert failed["status"] == "failed" and failed["usage"]["input_tokens"] == 10
+
+        gateway.engine.fail_after, gateway.engine.refuse = None, eng.ContextLengthExceeded(5000, 3584)
+        refused = await turn(c, "refused before reading")
+        assert refused["status"] == "failed" and refused["usage"]["input_tokens"] == 0

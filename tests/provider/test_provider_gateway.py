@@ -29,6 +29,8 @@ from livekit.plugins.omni import RealtimeModel, RealtimeSession
 from tests.conftest import free_port
 from tests.support.scripted_engine import ScriptedEngine
 
+pytestmark = pytest.mark.timeout(60)  # each ends in seconds: a hang fails here, not at the suite's limit
+
 KEY = "gateway-key"
 
 
@@ -58,6 +60,20 @@ class Gateway:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
+
+    async def crash(self) -> None:
+        """As a killed worker: every connection dropped at once, nothing more sent."""
+        if self.server is not None:
+            for handler in self.server.runner.server.connections:
+                if handler.transport is not None:
+                    handler.transport.abort()
+            await self.server.close()
+            self.server = None
+
+    def held(self) -> list[str]:
+        """The one session's conversation as the worker's model reads it: the ids in its context."""
+        [session] = self.worker.sessions
+        return [entry.item.id for entry in session.conversation if entry.in_context]
 
     async def stop(self) -> None:
         """As the worker does on SIGTERM: close every session (code 1001), then stop listening."""
@@ -284,10 +300,15 @@ async def test_user_audio_in_a_chat_context_is_sent_as_16k_audio(gateway, open_s
 # --------------------------------------------------------------------------- interruption
 
 
+REPLY_WORDS, REPLY_S = 3000, 60.0  # 200 ms of audio a word, 10 words a second generated
+
+
 @contextlib.asynccontextmanager
 async def playing_reply() -> AsyncIterator[tuple[RealtimeSession, Recorder, llm.GenerationCreatedEvent, Any]]:
-    """A session whose long reply (200 words) has begun to play: its first audio frame is in."""
-    gw = Gateway(ScriptedEngine(words=200, step_s=0.02))
+    """A session whose long reply has begun to play: its first audio frame is in. Generated
+    whole, the reply would take REPLY_S to generate, far beyond any wait of the tests below, so
+    one that ends within such a wait was ended by the test."""
+    gw = Gateway(ScriptedEngine(words=REPLY_WORDS, step_s=REPLY_S / REPLY_WORDS))
     await gw.start()
     model = RealtimeModel(url=gw.url, api_key=KEY)
     session = model.session()
@@ -308,8 +329,10 @@ async def test_interrupt_cancels_on_the_worker_once():
     async with playing_reply() as (session, rec, generation, message):
         session.interrupt()
         session.interrupt()
-        frames = await asyncio.wait_for(_collect(message.audio_stream), 5)  # ends promptly
-        assert len(frames) < 199
+        frames = await asyncio.wait_for(_collect(message.audio_stream), 5)  # ends promptly: not at REPLY_S
+        # the words generated while the cancel was on its way (0.3 s of generation), not more
+        assert sum(frame.duration for frame in frames) < 3.0
+        assert generation.response_id in {e["response"]["id"] for e in rec.received if e["type"] == "response.done"}
         await asyncio.wait_for(_collect(generation.message_stream), 5)
         done = await rec.wait_received("response.done")
         assert done["response"]["status"] == "cancelled"
@@ -398,6 +421,27 @@ async def test_generate_reply_fails_with_the_workers_error(gateway, open_session
         await asyncio.wait_for(session.generate_reply(), 5)
     assert err.value.code == "conversation_already_has_active_response"
     await read_generation(first)
+
+
+async def test_a_conversation_too_long_is_reported_as_not_retryable(gateway, open_session):
+    """Asking again gets the same refusal until the conversation changes: not retryable (the
+    session itself goes on, so it is recoverable). A failure of the worker's own stays retryable."""
+    gateway.engine.refuse = eng.ContextLengthExceeded(5000, 3584)
+    session, rec = open_session()
+    await speak(session, 0.3)
+    await read_generation(await session.generate_reply())
+    await rec.wait_received("response.done")
+    refused = [e for e in rec.errors if "context_length_exceeded" in str(e.error.body)]
+    assert refused and all(e.recoverable and e.error.retryable is False for e in refused), rec.errors
+    gateway.engine.refuse, gateway.engine.fail_after = None, 1
+    await speak(session, 0.3)
+    await read_generation(await session.generate_reply())
+    for _ in range(200):  # the failed response.done's error is emitted as it is handled
+        if any("scripted failure" in str(e.error) for e in rec.errors):
+            break
+        await asyncio.sleep(0.01)
+    failed = [e for e in rec.errors if "scripted failure" in str(e.error)]
+    assert failed and all(e.recoverable and e.error.retryable for e in failed), rec.errors
 
 
 async def test_requests_time_out_when_the_worker_is_silent():
@@ -589,6 +633,58 @@ async def test_a_reconnection_replays_only_what_the_lost_workers_model_read(gate
     await session.update_chat_ctx(full_history)
     assert rec.sent[sent_before:] == []
     assert all(e.recoverable for e in rec.errors)
+
+
+async def test_a_replay_matches_the_lost_workers_context_after_its_first_item_was_deleted(gateway, open_session):
+    gateway.engine.keep_items = 3
+    session, rec = open_session(conn_options=APIConnectOptions(max_retry=20, retry_interval=0.05, timeout=2))
+    for _ in range(3):
+        await a_turn(session)
+    start = gateway.engine.requests[-1].context[-3].item_id  # the third request read from here on
+    chat_ctx = session.chat_ctx.copy()
+    chat_ctx.items = [item for item in chat_ctx.items if item.id != start]
+    await session.update_chat_ctx(chat_ctx)  # the client deletes it after response.done
+    held = gateway.held()
+    assert start not in held and len(held) == 3
+
+    await gateway.stop()
+    await gateway.start()
+    await asyncio.wait_for(rec.reconnected.wait(), 10)
+    assert await settled(gateway.held, len(held)) == held  # not what the lost worker had dropped
+    assert all(e.recoverable for e in rec.errors)
+
+
+async def test_a_worker_killed_between_its_cut_and_response_done_is_replaced_by_what_it_held(gateway, open_session):
+    gateway.engine.keep_items = 3
+    session, rec = open_session(conn_options=APIConnectOptions(max_retry=20, retry_interval=0.05, timeout=2))
+    for _ in range(2):
+        await a_turn(session)
+    gateway.engine.words, gateway.engine.step_s = 400, 0.02  # a reply of 8 s: killed while it runs
+    await speak(session, 0.3)
+    generation = await session.generate_reply()
+    reading = asyncio.create_task(read_generation(generation))
+    cut = await rec.wait_received("response.context_truncated")
+    await rec.wait_received("response.output_audio.delta")
+    assert cut["item_ids"] and set(cut["item_ids"]).isdisjoint(gateway.held())
+    held = gateway.held()
+    await gateway.crash()  # no response.done, no close frame
+    await asyncio.wait_for(reading, 10)
+    assert not [e for e in rec.received if e["type"] == "response.done" and e["response"]["id"] == cut["response_id"]]
+    gateway.engine.words, gateway.engine.step_s = 5, 0.01
+    await gateway.start()
+    await asyncio.wait_for(rec.reconnected.wait(), 10)
+    assert await settled(gateway.held, len(held)) == held
+    await a_turn(session)  # and the call goes on
+    assert all(e.recoverable for e in rec.errors)
+
+
+async def settled(read, count: int, timeout: float = 5) -> list[str]:
+    """`read()` once it returns `count` items (the replay's creates are confirmed one by one)."""
+    for _ in range(int(timeout / 0.01)):
+        if len(value := read()) >= count:
+            return value
+        await asyncio.sleep(0.01)
+    return read()
 
 
 async def test_items_the_worker_deletes_to_make_room_are_never_sent_back():

@@ -29,6 +29,10 @@ class ScriptedEngine(eng.OmniEngine):
         self.load_report: eng.EngineLoad | None = None  # what load() answers
         self.keep_items: int | None = None  # truncate: the model reads only the newest this many items
         self.cached_tokens = 0  # what Finished reports as taken from a cache
+        self.cached_audio_tokens = 0  # of those, the audio ones
+        # seconds between taking a request and its cut (ContextTruncated): an engine renders the
+        # prompt off the event loop, so the session handles client events meanwhile
+        self.prepare_s = 0.0
         self.ended_sessions: list[str] = []
         self.requests: list[eng.GenerationRequest] = []
         self.steps_run = 0
@@ -43,10 +47,13 @@ class ScriptedEngine(eng.OmniEngine):
             raise self.refuse
         self.active += 1
         try:
+            if self.prepare_s:
+                await asyncio.sleep(self.prepare_s)
             ids = list(dict.fromkeys(item.item_id for item in request.context if item.item_id is not None))
             if self.keep_items is not None and len(ids) > self.keep_items:
                 yield eng.ContextTruncated(first_item_id=ids[-self.keep_items],
                                            dropped_items=len(ids) - self.keep_items, dropped_tokens=10)
+            yield eng.PromptRead(input_tokens=10, input_audio_tokens=4)
             if self.tool_call and request.tools:
                 yield self.tool_call
                 yield eng.Finished(reason="tool_calls", input_tokens=10, output_text_tokens=5)
@@ -59,7 +66,8 @@ class ScriptedEngine(eng.OmniEngine):
                 yield eng.TextDelta(f"word{i} ")
                 if "audio" in request.modalities:
                     yield eng.AudioDelta(np.full(self.samples_per_word, 0.1, np.float32))
-            yield eng.Finished(input_tokens=10, output_text_tokens=self.words, cached_tokens=self.cached_tokens,
+            yield eng.Finished(input_tokens=10, input_audio_tokens=4, output_text_tokens=self.words,
+                               cached_tokens=self.cached_tokens, cached_audio_tokens=self.cached_audio_tokens,
                                output_audio_tokens=self.words * 10, timings={"queue_wait_s": 0.0})
         finally:
             self.active -= 1

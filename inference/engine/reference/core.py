@@ -126,11 +126,14 @@ class EngineCore:
                 self.scheduler.add(value)
             except EngineOverloaded as error:
                 self._fail([value], error)
+            else:  # the clips its session's context no longer reads leave the encoder cache
+                self.runner.encoder_cache.read_by(value.session_id, {clip.key for clip in value.prompt.clips})
         elif kind == "abort":
             value.cancelled = True
             self.scheduler.remove(value)
         elif kind == "end_session":
             self.scheduler.slots.drop_session(value)
+            self.runner.encoder_cache.end_session(value)
         elif kind == "stop":
             return False
         return True

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..base import (
-    ContextTruncated, Delta, EngineLoad, Finished, GenerationRequest, OmniEngine, UserAudio, UserText,
+    ContextTruncated, Delta, EngineLoad, Finished, GenerationRequest, OmniEngine, PromptRead, UserAudio, UserText,
 )
 from ..exceptions import EngineError
 from ..tool_calls import OPEN_TAG
@@ -430,6 +430,10 @@ class ReferenceEngine(OmniEngine):
             raise EngineError("the reference engine is shutting down")
         if truncated is not None:
             yield truncated
+        prompt = prepared.prompt
+        envelope = len(self.loaded.processor.tokenizer.encode(prepared.forced_prefix, add_special_tokens=False)) \
+            if prepared.forced_prefix else 0  # the forced call's opening belongs to the reply (reply.py)
+        read: PromptRead | None = PromptRead(prompt.length - envelope, prompt.audio_tokens)  # with the first delta
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         reply = Reply(
@@ -451,9 +455,14 @@ class ReferenceEngine(OmniEngine):
                 if isinstance(item, BaseException):
                     finished = True
                     raise EngineError(f"generation failed: {item}") from item
+                if read is not None:
+                    yield read
+                    read = None
                 if isinstance(item, Finished):
                     finished = True
-                    yield dataclasses.replace(item, cached_tokens=reply.reused)
+                    audio_id = self.loaded.model.thinker.config.audio_token_id
+                    yield dataclasses.replace(item, cached_tokens=reply.reused, cached_audio_tokens=int(
+                        (prompt.input_ids[0, :reply.reused] == audio_id).sum()))
                     return
                 yield item
         finally:

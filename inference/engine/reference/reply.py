@@ -22,6 +22,7 @@ import logging
 import math
 import secrets
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -437,13 +438,24 @@ class Reply:
 
 
 class _TextChannel:
-    """Token ids → transcript TextDeltas and ToolCallDeltas."""
+    """Token ids → transcript TextDeltas and ToolCallDeltas.
+
+    It holds its reply's callbacks weakly: strong bound methods made a reference cycle
+    (reply → channel → reply), so every finished reply, with its request's whole context
+    (all of the conversation's audio), waited for Python's full garbage collection, which a
+    busy worker runs rarely: memory grew by megabytes a turn between collections."""
 
     def __init__(self, tokenizer, on_text, on_call) -> None:
         self.decoder = IncrementalDecoder(tokenizer)
         self.parser = ToolCallParser()
-        self.on_text = on_text
-        self.on_call = on_call
+        self._on_text = weakref.WeakMethod(on_text)
+        self._on_call = weakref.WeakMethod(on_call)
+
+    def on_text(self, item) -> None:
+        self._on_text()(item)
+
+    def on_call(self, item) -> None:
+        self._on_call()(item)
 
     def push(self, token_id: int) -> None:
         self._route(self.parser.feed(self.decoder.push(token_id)))

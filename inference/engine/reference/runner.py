@@ -436,8 +436,11 @@ class _TalkerInputs:
 
 class AudioEncoderCache:
     """Audio-encoder outputs by clip content hash, on the device, so a clip is encoded once
-    however many turns its conversation goes on; the least recently used are dropped past
-    `max_bytes`."""
+    however many turns its conversation goes on. A clip a session's prompts stop reading (it
+    left the context, or was deleted) goes at once, unless another session reads it, and a
+    session's clips go when it ends: a long call keeps only the clips its model still reads.
+    Clips of no session (a transcription's, before its reply reads them) stay until the least
+    recently used are dropped past `max_bytes`."""
 
     def __init__(self, thinker, feature_extractor, device: torch.device, dtype: torch.dtype,
                  max_bytes: int, encode: Callable | None = None) -> None:
@@ -450,6 +453,7 @@ class AudioEncoderCache:
         self.max_bytes = max_bytes
         self.entries: OrderedDict[int, torch.Tensor] = OrderedDict()
         self.bytes = 0
+        self.readers: dict[str, set[int]] = {}  # session -> the clips its latest prompt reads
         self.encoded = 0  # clips run through the encoder (for tests and metrics)
 
     def rows(self, clips: list[Clip], first: int, count: int) -> torch.Tensor:
@@ -480,8 +484,29 @@ class AudioEncoderCache:
             self.bytes -= dropped.numel() * dropped.element_size()
         return out
 
+    def read_by(self, session_id: str | None, keys: set[int]) -> None:
+        """`session_id`'s newest prompt reads these clips: those its earlier prompt read and
+        this one does not are dropped, unless another session still reads them."""
+        if session_id is None:
+            return
+        no_longer = self.readers.get(session_id, set()) - keys
+        self.readers[session_id] = keys
+        self._drop_unread(no_longer)
+
+    def end_session(self, session_id: str) -> None:
+        self._drop_unread(self.readers.pop(session_id, set()))
+
+    def _drop_unread(self, keys: set[int]) -> None:
+        if not keys:
+            return
+        for key in keys.difference(*self.readers.values()):
+            dropped = self.entries.pop(key, None)
+            if dropped is not None:
+                self.bytes -= dropped.numel() * dropped.element_size()
+
     def clear(self) -> None:
         self.entries.clear()
+        self.readers.clear()
         self.bytes = 0
 
     def _encode_qwen2_5(self, clip: Clip, feature_extractor, dtype: torch.dtype) -> torch.Tensor:

@@ -25,7 +25,7 @@ import numpy as np
 import soxr
 
 from ..base import (
-    OUTPUT_SAMPLE_RATE, AudioDelta, ContextTruncated, Delta, Finished, GenerationRequest, OmniEngine,
+    OUTPUT_SAMPLE_RATE, AudioDelta, ContextTruncated, Delta, Finished, GenerationRequest, OmniEngine, PromptRead,
     TextDelta, ToolCallDelta, UserAudio, UserText,
 )
 from ..exceptions import EngineError
@@ -163,6 +163,7 @@ class VllmOmniEngine(OmniEngine):
         prompt, truncated = await asyncio.to_thread(self._fit_prompt, request)
         if truncated is not None:
             yield truncated
+        read: PromptRead | None = await asyncio.to_thread(self._prompt_read, prompt)  # with the first delta
         stream = self._omni.generate(
             prompt=prompt,
             request_id=request.request_id,
@@ -176,6 +177,9 @@ class VllmOmniEngine(OmniEngine):
             async for output in stream:
                 if output.error:
                     raise EngineError(f"vllm-omni: {output.error}")
+                if read is not None:
+                    yield read
+                    read = None
                 if outputs.is_text(output):
                     for delta in reply.on_text(output):
                         yield delta
@@ -221,6 +225,12 @@ class VllmOmniEngine(OmniEngine):
             first_item_id=request.context[start].item_id,
             dropped_items=len({item.item_id for item in request.context[:start]}),
             dropped_tokens=self._prompts.length(prompt_from(0)) - self._prompts.length(prompt_from(start)))
+
+    def _prompt_read(self, prompt: dict[str, Any]) -> PromptRead:
+        """What the thinker reads of `prompt` (CPU work: off the event loop)."""
+        clips = (prompt.get("multi_modal_data") or {}).get("audio", [])
+        return PromptRead(input_tokens=self._prompts.length(prompt),
+                          input_audio_tokens=sum(self._prompts.audio_tokens(len(clip)) for clip, _ in clips))
 
     def _reply_budget(self, request: GenerationRequest) -> int:
         """The thinker tokens a reply may take: the request's cap, at most the stage's own."""
@@ -343,6 +353,8 @@ class _Reply:
             reason="tool_calls" if self.tool_calls else ("length" if self._finish_reason == "length" else "stop"),
             input_tokens=len(self._prompt_token_ids),
             cached_tokens=self._cached_tokens,
+            cached_audio_tokens=(self._prompt_token_ids[:self._cached_tokens].count(self._audio_token_id)
+                                 if self._audio_token_id is not None else 0),
             input_audio_tokens=(self._prompt_token_ids.count(self._audio_token_id)
                                 if self._audio_token_id is not None else 0),
             output_text_tokens=self._text_tokens,

@@ -429,13 +429,22 @@ def test_chunked_vocoding_equals_one_shot_vocoding(engine):
 # --------------------------------------------------------------------------- kernels
 
 class EagerGraph:
-    """Stands in for a captured CUDA graph on the CPU: replaying runs the captured function."""
+    """Stands in for a captured CUDA graph on the CPU: replaying runs the captured function.
+    Each records the capture stream it was given (`captured`: (kind, stream) in order)."""
+
+    kind = "decode"  # the engine loop's graphs (cuda_graphs.py's users)
+    captured: list[tuple[str, object]] = []
 
     def __init__(self, function, pool=None, stream=None) -> None:
         self.function = function
+        EagerGraph.captured.append((self.kind, stream))
 
     def replay(self):
         return self.function()
+
+
+class EagerToken2WavGraph(EagerGraph):
+    kind = "token2wav"
 
 
 @asyncio_module
@@ -451,8 +460,18 @@ async def test_the_graph_path_gives_the_eager_replies(greedy, codes_by_request, 
     from inference.engine.reference import cuda_graphs, kv_pool, token2wav_runner
 
     monkeypatch.setattr(kv_pool, "SMALLEST_WINDOW", 41)
-    for module in (cuda_graphs, token2wav_runner):
-        monkeypatch.setattr(module, "CapturedStep", EagerGraph)
+    monkeypatch.setattr(cuda_graphs, "CapturedStep", EagerGraph)
+    monkeypatch.setattr(token2wav_runner, "CapturedStep", EagerToken2WavGraph)
+    monkeypatch.setattr(EagerGraph, "captured", [])
+    # a CPU runner has no CUDA streams: its capture stream gets a stand-in, set where its
+    # graphs (the ODE's and the vocoder's) are made, to see that they are captured on it
+    capture_stream = object()
+    for graphed_part in (token2wav_runner._WindowOde, token2wav_runner._Vocoder):
+        def with_capture_stream(self, runner, *args, _init=graphed_part.__init__, **kwargs):
+            runner.capture_stream = capture_stream
+            _init(self, runner, *args, **kwargs)
+
+        monkeypatch.setattr(graphed_part, "__init__", with_capture_stream)
     for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):  # set by the engine: undone after
         monkeypatch.setenv(variable, str(tmp_path))
     graphed = create_engine("reference", "tiny-random", seed=7, max_audio_seconds=2.0,
@@ -464,6 +483,12 @@ async def test_the_graph_path_gives_the_eager_replies(greedy, codes_by_request, 
     await graphed.start_with_model(greedy.loaded)
     try:
         assert graphed.runner.thinker_decode.graphs and graphed.runner.token2wav.graphed["ode"]
+        # token2wav's graphs (ODE and vocoder) are captured on a stream of their own, none of
+        # the decode steps' on it: replayed side by side, graphs of one capture stream share
+        # cuBLAS's workspace (the 24/32-call hang, cuda_graphs.py)
+        kinds = {kind: {id(stream) for k, stream in EagerGraph.captured if k == kind} for kind in ("decode", "token2wav")}
+        assert kinds["token2wav"] == {id(capture_stream)} and kinds["decode"], EagerGraph.captured
+        assert id(capture_stream) not in kinds["decode"]
         requests = turns(seed=90)[:3]
         eager = await each_alone(greedy, requests, "eager", codes_by_request)
         tagged(requests, "graphed")
@@ -822,6 +847,82 @@ async def test_a_conversation_with_the_prefix_cache_gives_the_same_replies(greed
         assert later["prefill_tokens"] + later["reused_tokens"] == plain.input_tokens
     # one new clip per turn, each encoded once although every turn's prompt holds them all
     assert greedy.runner.encoder_cache.encoded - encoded_before == 3
+
+
+@asyncio_module
+async def test_audio_a_conversation_no_longer_reads_leaves_the_encoder_cache(greedy):
+    """The encoder's output of a clip is kept while a session's prompt still reads it: once
+    truncation (or a delete) leaves the clip out, and when the session ends, it goes. Without
+    this, a long call kept every clip it ever heard (0.5 MB a 3 s turn on the 7B model) up to
+    the cache's 512 MB."""
+    cache = greedy.runner.encoder_cache
+    cache.clear()
+    clips = [UserAudio(speech(1.0, seed=300 + i), item_id=f"clip{i}") for i in range(4)]
+
+    async def read(session: str | None, *indices: int) -> None:
+        await collect(greedy, request(context=[clips[i] for i in indices], session_id=session,
+                                      max_output_tokens=2, modalities=("text",)))
+
+    await read("call", 0, 1)
+    await read("other", 1, 2)  # another session reads clip 1 too
+    assert len(cache.entries) == 3
+    await read("call", 1, 3)  # clip 0 left the call's context: gone; 1 is still read
+    assert len(cache.entries) == 3 and cache.bytes == sum(t.numel() * t.element_size() for t in cache.entries.values())
+    await read("call", 3)  # clip 1 left it too, but "other" still reads it
+    assert len(cache.entries) == 3
+    greedy.end_session("other")
+    await read("call", 3)  # (the engine loop takes the end of "other" before this reply)
+    assert len(cache.entries) == 1  # clips 1 and 2 went with "other"
+    await read(None, 0)  # a request of no session (a transcription) is cached for its reply to come
+    assert len(cache.entries) == 2
+    greedy.end_session("call")
+    await read(None, 0)
+    assert len(cache.entries) == 1
+
+
+@asyncio_module
+async def test_what_was_read_comes_before_the_reply_and_the_cached_part_by_modality(greedy):
+    """PromptRead (what a cancelled reply has read) comes before any output and says what
+    Finished says; Finished splits the cached tokens by modality."""
+    from inference.engine import PromptRead
+
+    context = [UserAudio(speech(1.0, seed=400), item_id="u1"), UserText("Hello!", item_id="u2")]
+    first = await collect(greedy, request(context=context, session_id="usage", max_output_tokens=3))
+    read = next(i for i, d in enumerate(first) if isinstance(d, PromptRead))
+    assert not any(isinstance(d, (TextDelta, AudioDelta)) for d in first[:read])
+    finished = first[-1]
+    assert (first[read].input_tokens, first[read].input_audio_tokens) == (finished.input_tokens,
+                                                                           finished.input_audio_tokens)
+    assert finished.input_audio_tokens > 0 and finished.cached_tokens == 0 == finished.cached_audio_tokens
+    again = (await collect(greedy, request(context=context + [UserText("And?", item_id="u3")],
+                                           session_id="usage", max_output_tokens=3)))[-1]
+    assert again.cached_tokens > 0 and again.cached_audio_tokens == finished.input_audio_tokens  # the clip came first
+    greedy.end_session("usage")
+
+
+@asyncio_module
+async def test_a_finished_reply_is_freed_at_once_not_by_a_garbage_collection(greedy):
+    """A reply holds its request, and so the whole conversation's audio: it must be freed when
+    it ends, by reference counting. In a reference cycle it waited for Python's full garbage
+    collection, which a busy worker runs rarely (its RSS grew by megabytes a turn)."""
+    import gc
+
+    from inference.engine.reference.reply import Reply
+
+    gc.collect()
+    gc.disable()
+    try:
+        await collect(greedy, request(context=[UserAudio(speech(1.0, seed=500), item_id="u")],
+                                      session_id="freed", max_output_tokens=3))
+        greedy.end_session("freed")
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        cyclic = [type(o).__name__ for o in gc.garbage if isinstance(o, (Reply, GenerationRequest))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert cyclic == []
 
 
 @asyncio_module

@@ -13,6 +13,8 @@ import pytest
 from inference import engine as eng
 from inference.engine.truncation import cut_points, fit_context
 
+pytestmark = pytest.mark.timeout(60)  # each ends in seconds: a hang fails here, not at the suite's limit
+
 BASE = 10
 
 
@@ -120,3 +122,52 @@ def test_an_engines_audio_clip_cap_leaves_out_clips_too():
     start = fit_context(context, eng.Truncation(), room=10_000, measure=lambda s: BASE + 10 * (6 - s),
                         max_audio_clips=4)
     assert start == 2
+
+
+def test_disabled_refuses_too_many_audio_clips_as_a_context_overflow():
+    """vllm-omni takes so many clips a prompt: under "disabled" that is refused here, clearly,
+    not inside vLLM as an engine error."""
+    clip = np.zeros(1600, np.float32)
+    context = [eng.UserAudio(clip, item_id=f"clip{i}") for i in range(6)]
+    with pytest.raises(eng.ContextLengthExceeded, match="6 audio clips.*at most 4"):
+        fit_context(context, eng.Truncation(mode="disabled"), room=10_000, measure=lambda s: BASE + 10 * (6 - s),
+                    max_audio_clips=4)
+    assert fit_context(context[:4], eng.Truncation(mode="disabled"), room=10_000,
+                       measure=lambda s: BASE + 10 * (4 - s), max_audio_clips=4) == 0
+
+
+def test_the_refusal_names_the_limit_that_was_passed():
+    # the post_instructions limit, not the room the context leaves
+    ratio = eng.Truncation(mode="retention_ratio", retention_ratio=0.5, post_instructions_tokens=50)
+    context = [user("old"), user("new", 80)]
+    measure, _ = measurer(context)
+    with pytest.raises(eng.ContextLengthExceeded, match=r"newest item alone is 80 tokens.*post_instructions allows 50"):
+        fit_context(context, ratio, room=10_000, measure=measure)
+    # the context's own limit when that is the one passed (no post_instructions, or one above it)
+    for truncation in (eng.Truncation(), eng.Truncation(mode="retention_ratio", retention_ratio=0.5,
+                                                        post_instructions_tokens=5000)):
+        with pytest.raises(eng.ContextLengthExceeded, match=r"90 tokens; the model's context holds 60.*newest item"):
+            fit_context(context, truncation, room=60, measure=measure)
+
+
+def test_instructions_and_tools_that_alone_do_not_fit_are_named_not_the_newest_item():
+    context = turns(3)
+    measure, _ = measurer(context)  # BASE = 10 tokens of instructions and template
+    for truncation in (eng.Truncation(), eng.Truncation(mode="retention_ratio", retention_ratio=0.8)):
+        with pytest.raises(eng.ContextLengthExceeded, match="instructions and tools alone are 10 tokens.*holds 8") as e:
+            fit_context(context, truncation, room=8, measure=measure)
+        assert "newest" not in str(e.value)
+
+
+def test_a_reused_call_id_pairs_each_output_with_the_call_before_it():
+    context = [
+        user("a"),
+        eng.ToolCall("x", "f", "{}", item_id="call1"), eng.ToolResult("x", "ok", item_id="output1"),
+        user("b"), user("c"),
+        eng.ToolCall("x", "f", "{}", item_id="call2"), eng.ToolResult("x", "ok", item_id="output2"),
+        user("last"),
+    ]
+    # between the two pairs the prompt may start anywhere; never inside either pair
+    assert cut_points(context) == [1, 3, 4, 5, 7]
+    # an output whose call left earlier (or never was) pins nothing
+    assert cut_points([user("a"), eng.ToolResult("y", "ok", item_id="orphan"), user("b"), user("c")]) == [1, 2, 3]

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from inference.engine import (
-    AssistantText, AudioDelta, ContextLengthExceeded, ContextTruncated, Finished, GenerationRequest, TextDelta,
+    AssistantText, AudioDelta, ContextLengthExceeded, ContextTruncated, Finished, GenerationRequest, PromptRead, TextDelta,
     ToolCall, ToolCallDelta, ToolResult, ToolSpec, Truncation, UserAudio, UserText, create_engine,
 )
 from inference.engine.vllm_omni import VllmOmniEngine
@@ -135,7 +135,7 @@ async def test_audio_that_comes_at_the_end_is_one_audio_delta(fake_omni):
     engine, omni = await started(async_chunk=False)
     deltas = await collect(engine.generate(request()))
     kinds = [type(d).__name__ for d in deltas]
-    assert kinds == ["TextDelta", "TextDelta", "TextDelta", "AudioDelta", "Finished"]
+    assert kinds == ["PromptRead", "TextDelta", "TextDelta", "TextDelta", "AudioDelta", "Finished"]
     np.testing.assert_array_equal(audio_of(deltas), omni.script.audio)
     assert audio_of(deltas).dtype == np.float32
 
@@ -170,6 +170,7 @@ async def test_audio_at_another_rate_is_resampled_to_24k(fake_omni):
 async def test_closing_the_stream_aborts_the_request(fake_omni):
     engine, omni = await started()
     stream = engine.generate(request(request_id="resp_closed"))
+    assert isinstance(await anext(stream), PromptRead)  # what it read, with the first output
     assert isinstance(await anext(stream), TextDelta)
     await stream.aclose()
     assert omni.aborted == ["resp_closed"]

@@ -87,9 +87,9 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         self._assistant_audio_samples: dict[str, int] = {}  # audio the worker holds, per mirror item
         self._input_transcripts: dict[str, str] = {}  # user item id → its transcript so far
         self._not_on_worker: set[str] = set()  # chat item ids the worker no longer holds, for good
-        # the first item the worker's model read for its last response (response.done's
-        # context_start_item_id): older ones have left its context (truncation)
-        self._context_start: str | None = None
+        # mirror items the worker's model no longer reads (its truncation left them out; it
+        # names them in response.context_truncated): a replay leaves them out too
+        self._left_context: set[str] = set()
         self._input = audio.InputAudio()
 
         # the sender's queue: events, raw 16 kHz PCM16 to append (encoded when sent), rewinds
@@ -118,6 +118,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             "conversation.item.input_audio_transcription.completed": self._on_input_transcript,
             "conversation.item.input_audio_transcription.failed": self._on_input_transcript_failed,
             "response.created": self._on_response_created,
+            "response.context_truncated": self._on_context_truncated,
             "response.output_item.added": self._on_output_item_added,
             "response.content_part.added": self._on_content_part_added,
             "response.output_audio.delta": self._on_audio_delta,
@@ -661,14 +662,14 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             return
         self._assistant_audio_samples.clear()  # the new worker holds earlier replies as text
         resend = self._item_ops.unanswered_on_lost_socket()
-        items, left_out = replay_plan(self._remote.to_chat_ctx().items, self._context_start)
+        items, left_out = replay_plan(self._remote.to_chat_ctx().items, self._left_context)
         if left_out:
-            logger.info("replaying the newest %d items of %d: the lost worker's model read from %s on, and a "
-                        "worker holds at most %d items and %g s of user audio", len(items),
-                        len(items) + len(left_out), self._context_start, WORKER_MAX_ITEMS, WORKER_MAX_AUDIO_S)
+            logger.info("replaying %d items of %d: %d had left the lost worker's context, and a worker holds at "
+                        "most %d items and %g s of user audio", len(items), len(items) + len(left_out),
+                        len(self._left_context), WORKER_MAX_ITEMS, WORKER_MAX_AUDIO_S)
         for item_id in left_out:
             self._forget_on_worker(item_id)
-        self._context_start = None  # the new worker's model reads everything replayed
+        self._left_context.clear()  # the new worker's model reads everything replayed
         for item in items:
             wire_item = wire.chat_item_to_wire(item)
             if wire_item is None:
@@ -808,7 +809,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             logger.debug("omni worker: %s (%s)", message, code)
             return
         logger.warning("omni worker error %s: %s", code, message)
-        self._emit_error(APIError(f"omni worker error {code}: {message}", body=error, retryable=True),
+        self._emit_error(APIError(f"omni worker error {code}: {message}", body=error, retryable=_retryable(error)),
                          recoverable=True)
 
     def _on_item_op_refused(self, op: ItemOp, code: str | None, message: str) -> None:
@@ -894,6 +895,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
     def _drop_from_mirror(self, item_id: str) -> None:
         with contextlib.suppress(ValueError):
             self._remote.delete(item_id)
+        self._left_context.discard(item_id)
         self._assistant_audio_samples.pop(item_id, None)
         self._input_transcripts.pop(item_id, None)
         self._speculation.hidden_items.discard(item_id)
@@ -975,6 +977,11 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         generation = self._current(event)
         return generation.messages.get(event.get("item_id", "")) if generation else None
 
+    def _on_context_truncated(self, event: dict[str, Any]) -> None:
+        # sent when the cut is made, so it is known even if response.done never comes
+        self._left_context.update(item_id for item_id in event.get("item_ids") or ()
+                                  if self._remote.get(item_id) is not None)
+
     def _on_output_item_added(self, event: dict[str, Any]) -> None:
         item = event["item"]
         if (generation := self._replies.by_response(event["response_id"])) is not None:
@@ -1037,8 +1044,6 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
 
     def _on_response_done(self, event: dict[str, Any]) -> None:
         response = event["response"]
-        if response.get("context_start_item_id"):
-            self._context_start = response["context_start_item_id"]
         generation = self._replies.by_response(response["id"])
         if generation is None:
             return
@@ -1062,7 +1067,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             error = (response.get("status_details") or {}).get("error") or {}
             self._emit_error(
                 APIError(f"the omni worker failed response {response['id']}: {error.get('message', 'unknown error')}",
-                         body=error, retryable=True),
+                         body=error, retryable=_retryable(error)),
                 recoverable=True,
             )
 
@@ -1078,6 +1083,13 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         remote = self._remote.get(item_id)
         if remote is not None and isinstance(remote.item, llm.ChatMessage):
             remote.item.content = [text] if text else []
+
+
+def _retryable(error: dict[str, Any]) -> bool:
+    """Whether asking again may succeed: not for a request the worker refused as invalid (an
+    `invalid_request_error`, e.g. `context_length_exceeded`: the same conversation is refused
+    the same way until it changes); yes for the worker's own failures (`server_error`)."""
+    return error.get("type") != "invalid_request_error"
 
 
 def _has_content(item: llm.ChatItem) -> bool:
