@@ -47,6 +47,17 @@ rm -rf "$STATE/cni" /var/lib/cni/results/omni-pods-* 2>/dev/null
 if command -v iptables >/dev/null; then
     # kube-proxy's own chains (its --cleanup removes them), for IPv4 and IPv6.
     [[ -x "$BIN/kube-proxy" ]] && "$BIN/kube-proxy" --cleanup >/dev/null 2>&1
+    # The kubelet's own: KUBE-FIREWALL (drops outside packets to 127/8), its canaries, the hint.
+    for tool in iptables ip6tables; do
+        for hook in INPUT OUTPUT; do
+            while "$tool" -t filter -D "$hook" -j KUBE-FIREWALL 2>/dev/null; do :; done
+        done
+        for table in filter nat mangle; do
+            for chain in KUBE-FIREWALL KUBE-KUBELET-CANARY KUBE-IPTABLES-HINT; do
+                "$tool" -t "$table" -F "$chain" 2>/dev/null && "$tool" -t "$table" -X "$chain" 2>/dev/null
+            done
+        done
+    done
 fi
 if command -v nft >/dev/null; then
     for table in kube-network-policies kube-proxy; do

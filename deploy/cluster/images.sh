@@ -42,12 +42,12 @@ from_binary localhost/omni-cluster/livekit-server:local "$livekit_bin" localhost
 import_image() {  # podman image, name in containerd
     local id
     id="$(podman image inspect --format '{{.Id}}' "$1")" || die "no podman image $1"
-    if [[ "$(cat "$STATE/imported/${2//\//_}" 2>/dev/null)" == "$id" ]] && ctr_k8s images ls -q | grep -qx "$2"; then
+    if [[ "$(cat "$STATE/imported/${2//\//_}" 2>/dev/null)" == "$id" ]] && ctr_k8s images ls -q 2>/dev/null | grep -qx "$2"; then
         return
     fi
     say "  $2"
-    podman save "$1" | ctr_k8s images import - >/dev/null || die "importing $1 failed"
-    [[ "$1" == "$2" ]] || ctr_k8s images tag --force "$1" "$2" >/dev/null
+    podman save "$1" | ctr_k8s images import - >>"$LOGS/images-import.log" 2>&1 || die "importing $1 failed (log $LOGS/images-import.log)"
+    [[ "$1" == "$2" ]] || ctr_k8s images tag --force "$1" "$2" >>"$LOGS/images-import.log" 2>&1
     mkdir -p "$STATE/imported"
     echo "$id" >"$STATE/imported/${2//\//_}"
 }
