@@ -44,6 +44,9 @@ for port in 6443 10250 23790 23800 4443; do
 done
 
 mkdir -p "$STATE" "$RUN" "$LOGS" "$PKI" "$CONF"
+# The omni-models volume (overlay/models-pv.yaml): the images run as uid 1000 (docker/*.Dockerfile).
+mkdir -p "$STATE/models"
+chown 1000:1000 "$STATE/models"
 : >"$RUN/pids"
 
 # --- the host settings a node needs, saved for down.sh ---------------------------------------
@@ -220,7 +223,7 @@ start kube-apiserver "$BIN/kube-apiserver" \
     --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
     --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
     --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
-    --kubelet-certificate-authority "$PKI/ca.crt" \
+    --kubelet-certificate-authority "$PKI/ca.crt" --kubelet-preferred-address-types InternalIP \
     --service-account-issuer https://kubernetes.default.svc.cluster.local \
     --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
     --authorization-mode Node,RBAC \
