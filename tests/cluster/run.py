@@ -45,6 +45,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from livekit import rtc  # noqa: E402
+
 from deploy.smoke.run import Report, say  # noqa: E402
 from tests.e2e.caller import Caller, load_wav  # noqa: E402
 
@@ -425,7 +427,8 @@ def main() -> int:
         check_metrics(report)
         if rollout[0] == 0 and kill[0] == kill[1]:
             verdict = "PASS"
-    except (ClusterError, subprocess.SubprocessError, OSError, TimeoutError, asyncio.TimeoutError) as e:
+    except (ClusterError, subprocess.SubprocessError, OSError, TimeoutError, asyncio.TimeoutError,
+            rtc.ConnectError) as e:
         say(f"stopped: {e}")
     finally:
         report.print_summary(verdict)
