@@ -1,0 +1,440 @@
+"""The deployment on a real one-node Kubernetes cluster (deploy/cluster/), each check a number.
+
+    deploy/cluster/ci.sh                       # builds, starts the cluster, runs this, stops it
+    .venv/bin/python tests/cluster/run.py      # against a cluster deploy/cluster/up.sh started
+
+1. `kubectl apply -k deploy/cluster/overlay` (deploy/k8s with this machine's few changes), the
+   Secrets made here; every pod Ready through its own probes.
+2. The page's token endpoint through the `web` Service; a caller (tests/e2e/caller.py) in a
+   room on LiveKit's Service is greeted and gets a spoken answer.
+3. Two omni-agent replicas: calls at the same time are spread over both pods (LiveKit
+   dispatches on the load each agent reports), and each call stays on one pod all its life.
+4. A rolling update (`kubectl rollout restart`) with a call in progress on every pod: each
+   call goes on through its pod's drain (the agent's SIGTERM drain, the worker's preStop hook,
+   readiness 503 while draining, the PodDisruptionBudget), answers again, and ends when its
+   caller leaves; the replaced pods take new calls. Calls dropped D of N.
+5. The worker killed mid-call (SIGKILL to its container): the kubelet restarts it, the agent's
+   plugin reconnects and replays the conversation, and the call answers again. Kept K of M.
+6. The NetworkPolicy (kube-network-policies): a pod in another namespace cannot reach the
+   worker's port; one in `monitoring` can.
+7. metrics-server serves the pods' usage (`kubectl top`), what a CPU HorizontalPodAutoscaler
+   would read.
+
+Writes bench/results/<date>-k8s-cluster.txt with
+`k8s rollout: calls dropped D of N, worker kill: conversations kept K of M`.
+Exit 0 only when every check passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from livekit import rtc  # noqa: E402
+
+from deploy.smoke.run import Report, say  # noqa: E402
+from tests.e2e.caller import Caller, load_wav  # noqa: E402
+
+NAMESPACE = "omni-voice"
+OVERLAY = REPO / "deploy" / "cluster" / "overlay"
+LIVEKIT_URL = "ws://10.96.0.20:7880"  # the livekit-server Service (deploy/cluster/overlay/livekit.yaml)
+LIVEKIT_API_KEY = "APIomnicluster"
+CALL_TIMEOUT_S = 180.0  # tiny-random on a busy 2-core machine is slow to first audio
+APP = "app.kubernetes.io/name"
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+def cluster_env() -> dict[str, str]:
+    kubeconfig = subprocess.run([str(REPO / "deploy/cluster/up.sh"), "--kubeconfig"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+    if not Path(kubeconfig).is_file():
+        raise ClusterError(f"no cluster: {kubeconfig} missing (deploy/cluster/up.sh starts one)")
+    return {**os.environ, "KUBECONFIG": kubeconfig}
+
+
+ENV: dict[str, str] = {}
+KUBECTL = "kubectl"
+
+
+def kubectl(*args: str, check: bool = True, timeout: float = 120.0, stdin: str | None = None) -> str:
+    result = subprocess.run([KUBECTL, *args], capture_output=True, text=True, timeout=timeout, env=ENV,
+                            input=stdin)
+    if check and result.returncode != 0:
+        raise ClusterError(f"kubectl {' '.join(args[:4])} ...: exit {result.returncode}: {result.stderr.strip()[-1500:]}")
+    return result.stdout.strip()
+
+
+def kubectl_json(*args: str) -> dict:
+    return json.loads(kubectl(*args, "-o", "json"))
+
+
+def agent_pods() -> list[dict]:
+    """The omni-agent pods that are not being deleted."""
+    pods = kubectl_json("-n", NAMESPACE, "get", "pods", "-l", f"{APP}=omni-agent")["items"]
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def pod_ready(pod: dict) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+
+
+def wait_ready_agents(count: int, timeout: float) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready = [p["metadata"]["name"] for p in agent_pods() if pod_ready(p)]
+        if len(ready) >= count:
+            time.sleep(5.0)  # the agents' load report reaches LiveKit a moment after readiness
+            return ready
+        time.sleep(2.0)
+    raise ClusterError(f"fewer than {count} omni-agent pods Ready within {timeout:.0f} s")
+
+
+def pod_of_room(room: str, pods: list[str]) -> str | None:
+    """The pod whose agent logged this room's call ("call in room ...", agent/agent.py)."""
+    owners = [pod for pod in pods
+              if f"call in room {room}" in kubectl("-n", NAMESPACE, "logs", pod, "-c", "agent", check=False)]
+    if len(owners) > 1:
+        raise ClusterError(f"room {room} was taken by more than one pod: {owners}")
+    return owners[0] if owners else None
+
+
+# --------------------------------------------------------------------------- calls
+
+
+@dataclass
+class Call:
+    caller: Caller
+    answers: int = 0
+    pod: str | None = None
+    log: list[str] = field(default_factory=list)
+
+    @classmethod
+    async def start(cls, api_secret: str) -> Call:
+        caller = await Caller.join(LIVEKIT_URL, f"cluster-{uuid.uuid4().hex[:8]}", api_key=LIVEKIT_API_KEY,
+                                   api_secret=api_secret)
+        call = cls(caller)
+        try:
+            await caller.wait_for_agent(timeout=CALL_TIMEOUT_S)
+            await caller.wait_until_agent_listening(after=0.0, timeout=CALL_TIMEOUT_S)
+        except BaseException:
+            await caller.aclose()
+            raise
+        return call
+
+    async def ask(self, wav: str = "e2e_q1_time.wav") -> float:
+        """A spoken question; the seconds to the agent's first audio after it."""
+        audio = self.caller.agent_audio
+        assert audio is not None
+        said = await self.caller.mic.say(load_wav(wav))
+        first = await audio.first_voice_after(said.ended_at, timeout=CALL_TIMEOUT_S)
+        await self.caller.wait_until_agent_listening(after=said.ended_at, timeout=CALL_TIMEOUT_S)
+        self.answers += 1
+        return first - said.ended_at
+
+    @property
+    def room(self) -> str:
+        return self.caller.room_name
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def deploy(report: Report, api_secret: str) -> None:
+    with report.step("apply: namespaces, Secrets, kubectl apply -k deploy/cluster/overlay"):
+        for ns in (NAMESPACE, "livekit", "monitoring"):
+            kubectl("apply", "-f", "-", stdin=json.dumps(
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}))
+        omni_key = secrets.token_hex(32)
+        secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                  "metadata": {"name": "omni-voice-secrets", "namespace": NAMESPACE},
+                  "stringData": {"OMNI_API_KEY": omni_key, "LIVEKIT_API_KEY": LIVEKIT_API_KEY,
+                                 "LIVEKIT_API_SECRET": api_secret}}
+        keys = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                "metadata": {"name": "livekit-keys", "namespace": "livekit"},
+                "stringData": {"keys.yaml": f"{LIVEKIT_API_KEY}: {api_secret}\n"}}
+        for s in (secret, keys):
+            kubectl("apply", "-f", "-", stdin=json.dumps(s))
+        report.fact("  " + kubectl("apply", "-k", str(OVERLAY)).replace("\n", "\n  "))
+        # A Deployment whose pods already run keeps the old keys: restart after a key change.
+        for ns, deployment in (("livekit", "livekit-server"), (NAMESPACE, "omni-agent"), (NAMESPACE, "web")):
+            kubectl("-n", ns, "rollout", "restart", f"deployment/{deployment}")
+    with report.step("every pod Ready through its own probes"):
+        for ns, deployment in (("livekit", "livekit-server"), (NAMESPACE, "web"), (NAMESPACE, "omni-agent")):
+            started = time.monotonic()
+            kubectl("-n", ns, "rollout", "status", f"deployment/{deployment}", "--timeout=900s", timeout=960)
+            report.fact(f"  {ns}/{deployment}: rolled out in {time.monotonic() - started:.0f} s")
+        kubectl("-n", "kube-system", "rollout", "status", "daemonset/kube-network-policies", "--timeout=300s",
+                timeout=330)
+        pods = []
+        for ns in (NAMESPACE, "livekit", "kube-system"):
+            pods += kubectl_json("-n", ns, "get", "pods")["items"]
+        pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        not_ready = [p["metadata"]["name"] for p in pods if not pod_ready(p)]
+        if not_ready:
+            raise ClusterError(f"pods not Ready: {not_ready}")
+        probes = sum(1 for p in pods for c in p["spec"]["containers"]
+                     for k in ("startupProbe", "readinessProbe", "livenessProbe") if c.get(k))
+        report.fact(f"  pods Ready: {len(pods)} of {len(pods)} ({probes} probes declared)")
+
+
+def check_token_and_call(report: Report, api_secret: str) -> None:
+    with report.step("the page's token endpoint through the web Service"):
+        ip = kubectl("-n", NAMESPACE, "get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}")
+        with urllib.request.urlopen(f"http://{ip}/token?room=cluster-token", timeout=10) as r:
+            body = json.load(r)
+        claims = json.loads(base64.urlsafe_b64decode(body["token"].split(".")[1] + "=="))
+        if body["url"] != LIVEKIT_URL or claims.get("video", {}).get("room") != "cluster-token":
+            raise ClusterError(f"unexpected token answer: url {body['url']}, grants {claims.get('video')}")
+        report.fact(f"  GET http://{ip}/token -> url {body['url']}, a token for room {claims['video']['room']}")
+
+    async def one_call() -> None:
+        call = await Call.start(api_secret)
+        try:
+            latency = await call.ask()
+            report.fact(f"  first agent audio {latency:.2f} s after the question (room {call.room})")
+        finally:
+            await call.caller.aclose()
+
+    with report.step("a caller on LiveKit's Service is greeted and answered"):
+        asyncio.run(one_call())
+
+
+def check_spread(report: Report, api_secret: str, calls_n: int) -> None:
+    async def run() -> list[str]:
+        calls: list[Call] = []
+        try:
+            for _ in range(calls_n):  # one after the other: each agent's load report reaches LiveKit
+                calls.append(await Call.start(api_secret))
+                await asyncio.sleep(3.0)
+            pods = [p["metadata"]["name"] for p in agent_pods()]
+            owners = [pod_of_room(c.room, pods) for c in calls]
+            for c in calls:  # each call still answers on its pod
+                await c.ask()
+            owners_after = [pod_of_room(c.room, pods) for c in calls]
+            if owners != owners_after:
+                raise ClusterError(f"a call changed pods: {owners} -> {owners_after}")
+            return [o or "?" for o in owners]
+        finally:
+            for c in calls:
+                await c.caller.aclose()
+
+    with report.step(f"{calls_n} calls at once over two omni-agent replicas"):
+        owners = asyncio.run(run())
+        per_pod = {pod: owners.count(pod) for pod in sorted(set(owners))}
+        report.fact(f"  calls per pod: {per_pod}; every call stayed on its pod and answered twice")
+        if len([p for p in per_pod if p != "?"]) < 2:
+            raise ClusterError(f"the calls were not spread over both pods: {per_pod}")
+
+
+def check_rollout(report: Report, api_secret: str) -> tuple[int, int]:
+    """A call on each pod, then `kubectl rollout restart`: each call goes on while its pod
+    drains, answers once its pod is terminating, and ends by its caller; new calls reach the
+    new pods. Returns (dropped, calls)."""
+    async def run() -> tuple[int, int]:
+        wait_ready_agents(2, 600)
+        calls: list[Call] = []
+        dropped = 0
+        try:
+            while len({c.pod for c in calls}) < 2 and len(calls) < 6:
+                call = await Call.start(api_secret)
+                call.pod = pod_of_room(call.room, [p["metadata"]["name"] for p in agent_pods()])
+                calls.append(call)
+                await asyncio.sleep(3.0)
+            old_pods = {c.pod for c in calls}
+            report.fact(f"  calls in progress before the rollout: {len(calls)} on {sorted(old_pods)}")
+            kubectl("-n", NAMESPACE, "rollout", "restart", "deployment/omni-agent")
+            pending = list(calls)
+            deadline = time.monotonic() + 1500
+            while pending and time.monotonic() < deadline:
+                terminating = {p["metadata"]["name"] for p in kubectl_json(
+                    "-n", NAMESPACE, "get", "pods", "-l", f"{APP}=omni-agent")["items"]
+                    if p["metadata"].get("deletionTimestamp")}
+                for call in [c for c in pending if c.pod in terminating]:
+                    pending.remove(call)
+                    try:  # the pod is draining: the call must go on
+                        latency = await call.ask("e2e_q2_weather.wav")
+                        call.log.append(f"answered {latency:.1f} s after the question while {call.pod} drained")
+                    except (TimeoutError, asyncio.TimeoutError) as e:
+                        dropped += 1
+                        call.log.append(f"DROPPED while {call.pod} drained: {e}")
+                    await call.caller.aclose()  # the caller hangs up: the drain can end
+                    report.fact(f"  {call.room}: {call.log[-1]}")
+                await asyncio.sleep(2.0)
+            if pending:
+                raise ClusterError(f"the rollout did not reach the pods of {len(pending)} calls within 25 min")
+            kubectl("-n", NAMESPACE, "rollout", "status", "deployment/omni-agent", "--timeout=900s", timeout=960)
+            new_pods = set(wait_ready_agents(2, 600))
+            if new_pods & old_pods:
+                raise ClusterError(f"old pods still serve after the rollout: {new_pods & old_pods}")
+            # The replaced pods take calls.
+            after = await Call.start(api_secret)
+            try:
+                await after.ask()
+                after.pod = pod_of_room(after.room, sorted(new_pods))
+                report.fact(f"  a new call after the rollout answered on {after.pod}")
+            finally:
+                await after.caller.aclose()
+            if after.pod not in new_pods:
+                raise ClusterError("the call after the rollout was not served by a new pod")
+            return dropped, len(calls) + 1
+        finally:
+            for c in calls:
+                with contextlib.suppress(Exception):
+                    await c.caller.aclose()
+
+    with report.step("rolling update of the worker and the agent with calls in progress"):
+        dropped, total = asyncio.run(run())
+        report.fact(f"  calls dropped {dropped} of {total}")
+    return dropped, total
+
+
+def check_worker_kill(report: Report, api_secret: str, calls_m: int) -> tuple[int, int]:
+    """SIGKILL to the omni-worker container of a call's pod, mid-call."""
+    async def run() -> tuple[int, int]:
+        kept = 0
+        for i in range(calls_m):
+            wait_ready_agents(2, 600)
+            call = await Call.start(api_secret)
+            try:
+                await call.ask()
+                pod = pod_of_room(call.room, [p["metadata"]["name"] for p in agent_pods()])
+                status = kubectl_json("-n", NAMESPACE, "get", "pod", pod)["status"]["containerStatuses"]
+                worker = next(s for s in status if s["name"] == "omni-worker")
+                restarts = worker["restartCount"]
+                container_id = worker["containerID"].split("://", 1)[1]
+                subprocess.run([str(REPO / "deploy/cluster/ctr.sh"), "tasks", "kill", "-s", "SIGKILL", container_id],
+                               check=True, capture_output=True, timeout=30)
+                try:
+                    latency = await call.ask("e2e_q2_weather.wav")
+                    restarted = kubectl_json("-n", NAMESPACE, "get", "pod", pod)["status"]["containerStatuses"]
+                    now = next(s for s in restarted if s["name"] == "omni-worker")["restartCount"]
+                    if now <= restarts:
+                        raise ClusterError(f"{pod}: the worker was not restarted (restartCount {now})")
+                    kept += 1
+                    report.fact(f"  call {i + 1} ({call.room} on {pod}): worker killed, restarted "
+                                f"(restartCount {now}), answered {latency:.1f} s after the next question")
+                except (TimeoutError, asyncio.TimeoutError) as e:
+                    report.fact(f"  call {i + 1} ({call.room} on {pod}): LOST after the worker kill: {e}")
+            finally:
+                await call.caller.aclose()
+        return kept, calls_m
+
+    with report.step("the omni worker killed mid-call"):
+        kept, total = asyncio.run(run())
+        report.fact(f"  conversations kept {kept} of {total}")
+    return kept, total
+
+
+def check_network_policy(report: Report) -> None:
+    """A pod in `default` must not reach the worker's port 8000; one in `monitoring` may."""
+    pod = agent_pods()[0]
+    target = f"{pod['status']['podIP']}:8000"
+    image = next(c["image"] for c in pod["spec"]["containers"] if c["name"] == "agent")
+    probe = ("import socket,sys\ntry:\n socket.create_connection(('%s', 8000), timeout=5).close(); print('open')\n"
+             "except OSError as e:\n print('closed', e)\n") % pod["status"]["podIP"]
+    results = {}
+    with report.step(f"NetworkPolicy: who reaches the worker at {target}"):
+        for ns in ("default", "monitoring"):
+            name = f"netpol-probe-{uuid.uuid4().hex[:6]}"
+            out = kubectl("-n", ns, "run", name, "--rm", "-i", "--restart=Never", f"--image={image}",
+                          "--image-pull-policy=Never", "--command", "--", "python", "-c", probe, timeout=180)
+            results[ns] = "open" if "open" in out.split() else "closed"
+            report.fact(f"  from a pod in namespace {ns}: {results[ns]}")
+        if results != {"default": "closed", "monitoring": "open"}:
+            raise ClusterError(f"the NetworkPolicy is not enforced as written: {results}")
+
+
+def check_metrics(report: Report) -> None:
+    with report.step("metrics-server: kubectl top pods"):
+        deadline = time.monotonic() + 180
+        while True:
+            out = kubectl("-n", NAMESPACE, "top", "pods", "--containers", check=False)
+            if "omni-worker" in out:
+                break
+            if time.monotonic() > deadline:
+                raise ClusterError("metrics-server served no pod metrics within 180 s")
+            time.sleep(10)
+        for line in out.splitlines():
+            report.fact(f"  {line}")
+
+
+# --------------------------------------------------------------------------- main
+
+
+def server_version() -> str:
+    with contextlib.suppress(ClusterError, ValueError, subprocess.SubprocessError):
+        return json.loads(kubectl("version", "-o", "json"))["serverVersion"]["gitVersion"]
+    return "?"
+
+
+def write_results(report: Report, verdict: str, rollout: tuple[int, int] | None, kill: tuple[int, int] | None,
+                  path: Path) -> None:
+    lines = [f"# tests/cluster/run.py, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+             f"machine: {os.uname().nodename}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}",
+             f"kubernetes: {server_version()} (deploy/cluster/), results of the run below",
+             ""]
+    if rollout and kill:
+        lines.append(f"k8s rollout: calls dropped {rollout[0]} of {rollout[1]}, "
+                     f"worker kill: conversations kept {kill[0]} of {kill[1]}")
+    lines += ["", *[f"{'ok  ' if ok else 'FAIL'} {s:7.1f} s  {name}" for name, s, ok in report.steps],
+              "", *report.facts, "", f"verdict: {verdict}"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    print(f"results: {path}")
+
+
+def main() -> int:
+    global ENV, KUBECTL
+    parser = argparse.ArgumentParser(description="The deployment's checks on the cluster of deploy/cluster/up.sh.")
+    parser.add_argument("--calls", type=int, default=4, help="calls at once for the spread check (default 4)")
+    parser.add_argument("--kills", type=int, default=2, help="calls whose worker is killed (default 2)")
+    parser.add_argument("--results", type=Path,
+                        default=REPO / "bench" / "results" / f"{time.strftime('%Y-%m-%d')}-k8s-cluster.txt")
+    args = parser.parse_args()
+    ENV = cluster_env()
+    cache = subprocess.run(["bash", "-c", f"source {REPO}/deploy/cluster/versions.sh; echo $CLUSTER_CACHE"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    KUBECTL = f"{cache}/bin/kubectl"
+    api_secret = secrets.token_hex(32)
+    report = Report()
+    verdict = "FAIL"
+    rollout = kill = None
+    try:
+        deploy(report, api_secret)
+        check_token_and_call(report, api_secret)
+        check_spread(report, api_secret, args.calls)
+        rollout = check_rollout(report, api_secret)
+        kill = check_worker_kill(report, api_secret, args.kills)
+        check_network_policy(report)
+        check_metrics(report)
+        if rollout[0] == 0 and kill[0] == kill[1]:
+            verdict = "PASS"
+    except (ClusterError, subprocess.SubprocessError, OSError, TimeoutError, asyncio.TimeoutError,
+            rtc.ConnectError) as e:
+        say(f"stopped: {e}")
+    finally:
+        report.print_summary(verdict)
+        write_results(report, verdict, rollout, kill, args.results)
+    return 0 if verdict == "PASS" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
