@@ -44,7 +44,45 @@ logger = logging.getLogger(__name__)
 ENCODER_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-class ModelRunner:
+class DeviceRunner:
+    """What every family's runner shares with the loop: its stream, the wait for the device,
+    and the one read a step makes. Subclasses set `device`, `stream` and `_pinned`."""
+
+    def loop_stream(self):
+        """A context in which the engine loop's work goes on the runner's stream."""
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+
+    def synchronize(self) -> None:
+        """Wait for everything queued on the device (by any thread) to be done."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def read(self, *ids: torch.Tensor) -> list[list[int]]:
+        """Integer tensors (1-D, on the device) as lists on the host, in one copy: the one
+        point of a decode step where the host waits for the device."""
+        if not ids:
+            return []
+        joined = torch.cat([tensor.to(torch.long) for tensor in ids])
+        if joined.is_cuda:
+            host = self._read_buffer(joined.numel())
+            host.copy_(joined, non_blocking=True)
+            torch.cuda.current_stream().synchronize()
+            values = host.tolist()
+        else:
+            values = joined.tolist()
+        out, start = [], 0
+        for tensor in ids:
+            out.append(values[start:start + tensor.numel()])
+            start += tensor.numel()
+        return out
+
+    def _read_buffer(self, size: int) -> torch.Tensor:
+        if self._pinned is None or self._pinned.numel() < size:
+            self._pinned = torch.empty(max(size, 256), dtype=torch.long, pin_memory=True)
+        return self._pinned[:size]
+
+
+class ModelRunner(DeviceRunner):
     codes_per_frame = 1  # Qwen2.5-Omni's talker makes one code a step
 
     @torch.inference_mode()  # the pools and graph buffers are only ever used in inference mode
@@ -114,15 +152,6 @@ class ModelRunner:
                     "CUDA graphs %s, compiled %s, in %.1f s", slots, thinker_capacity,
                     talker_capacity, self.buckets, "on" if cuda_graphs else "off",
                     "yes" if compile else "no", time.monotonic() - started)
-
-    def loop_stream(self):
-        """A context in which the engine loop's work goes on the runner's stream."""
-        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
-
-    def synchronize(self) -> None:
-        """Wait for everything queued on the device (by any thread) to be done."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
     # ----------------------------------------------------------------- what the loop calls
 
@@ -216,30 +245,6 @@ class ModelRunner:
         if talker_positions is not None:
             self.talker_chunk(slot, hidden + talker_embeds, talker_positions[:, :, start:end], start)
         return logits
-
-    def read(self, *ids: torch.Tensor) -> list[list[int]]:
-        """Integer tensors (1-D, on the device) as lists on the host, in one copy: the one
-        point of a decode step where the host waits for the device."""
-        if not ids:
-            return []
-        joined = torch.cat([tensor.to(torch.long) for tensor in ids])
-        if joined.is_cuda:
-            host = self._read_buffer(joined.numel())
-            host.copy_(joined, non_blocking=True)
-            torch.cuda.current_stream().synchronize()
-            values = host.tolist()
-        else:
-            values = joined.tolist()
-        out, start = [], 0
-        for tensor in ids:
-            out.append(values[start:start + tensor.numel()])
-            start += tensor.numel()
-        return out
-
-    def _read_buffer(self, size: int) -> torch.Tensor:
-        if self._pinned is None or self._pinned.numel() < size:
-            self._pinned = torch.empty(max(size, 256), dtype=torch.long, pin_memory=True)
-        return self._pinned[:size]
 
     def sample_codes(self, logits: torch.Tensor, rows: torch.Tensor, last_positions: torch.Tensor,
                      mask_end: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:

@@ -87,15 +87,20 @@ def ensure_tiny_model() -> Path:
     Builds into a temporary directory and renames it into place, so concurrent starts never
     see a half-written model.
     """
-    target = tiny_model_dir()
+    return build_once(tiny_model_dir(), build_tiny_model, "tiny-random")
+
+
+def build_once(target: Path, build, name: str) -> Path:
+    """`target`, made by `build(folder)` first if it holds no config.json yet: built into a
+    temporary folder renamed into place, so concurrent starts never see half a model."""
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    logger.info("building tiny-random model (%s) in %s …", BUILD_VERSION, target)
+    logger.info("building %s in %s …", name, target)
     started = time.monotonic()
     staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
-        build_tiny_model(staging)
+        build(staging)
         try:
             staging.rename(target)
         except OSError:  # another process won the race; its copy is identical
@@ -103,7 +108,7 @@ def ensure_tiny_model() -> Path:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    logger.info("built tiny-random model in %.1f s", time.monotonic() - started)
+    logger.info("built %s in %.1f s", name, time.monotonic() - started)
     return target
 
 

@@ -142,21 +142,13 @@ class Token2WavRunner:
             order += group
             outputs.append(out.reshape(-1))
         joined = torch.cat(outputs)
-        done = None
-        if joined.is_cuda:
-            host = torch.empty(joined.shape, dtype=joined.dtype, pin_memory=True)
-            host.copy_(joined, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record()
-        else:
-            host = joined
         spans: list[tuple[int, int] | None] = [None] * len(mels)
         start = 0
         for i in order:
             samples = mels[i].shape[2] * self.shape.samples_per_frame
             spans[i] = (start, start + samples)
             start += samples
-        return PendingWaves(host, spans, done)
+        return PendingWaves.to_host(joined, spans)
 
     # ----------------------------------------------------------------- internals
 
@@ -202,6 +194,18 @@ class PendingWaves:
     host: torch.Tensor                # every wave's samples, one after the other
     spans: list[tuple[int, int]]      # each mel's samples in `host`, in the order given
     done: torch.cuda.Event | None     # the copy's completion (None: already on the host)
+
+    @classmethod
+    def to_host(cls, joined: torch.Tensor, spans: list[tuple[int, int]]) -> "PendingWaves":
+        """`joined` (1-D samples) on its way to the host: one pinned copy on the current
+        stream, its end recorded (a CPU tensor is already there)."""
+        if not joined.is_cuda:
+            return cls(joined, spans, None)
+        host = torch.empty(joined.shape, dtype=joined.dtype, pin_memory=True)
+        host.copy_(joined, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return cls(host, spans, done)
 
     def ready(self) -> bool:
         return self.done is None or self.done.query()

@@ -80,17 +80,8 @@ class Code2WavRunner:
         else:
             wave = self.code2wav(batch)[:, 0]
         per_row = wave.shape[1]
-        joined = wave.reshape(-1)
-        done = None
-        if joined.is_cuda:
-            host = torch.empty(joined.shape, dtype=joined.dtype, pin_memory=True)
-            host.copy_(joined, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record()
-        else:
-            host = joined
         spans = [(row * per_row, (row + 1) * per_row) for row in range(len(windows))]
-        return PendingWaves(host, spans, done)
+        return PendingWaves.to_host(wave.reshape(-1), spans)
 
 
 class _Decoder:

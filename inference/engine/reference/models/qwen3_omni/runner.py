@@ -27,7 +27,6 @@ talker's start run eagerly (a few per turn).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 
@@ -38,7 +37,7 @@ from ...compiled import compile_step, predictor_layer, talker_layer
 from ...cuda_graphs import CapturedStep, batch_buckets, bucket_for, capture_each
 from ...kv_pool import BatchView, KVPool, forward
 from ...prompt import Clip, audio_features
-from ...runner import PREFILL_BUCKETS, AudioEncoderCache, ThinkerStep, _ChunkForward, _ThinkerDecode
+from ...runner import PREFILL_BUCKETS, AudioEncoderCache, DeviceRunner, ThinkerStep, _ChunkForward, _ThinkerDecode
 from ...sampling import SamplingParams, TokenSampler
 from .code2wav_runner import Code2WavRunner
 from .code2wav_stream import Code2WavPlan
@@ -52,7 +51,7 @@ SPECIAL_CODES = 1024
 START_ROWS = 9  # the talker's start after its prompt part (module doc)
 
 
-class Qwen3Runner:
+class Qwen3Runner(DeviceRunner):
     @torch.inference_mode()
     def __init__(self, model, processor, *, slots: int, thinker_capacity: int,
                  talker_capacity: int, talker_sampling: SamplingParams, device: torch.device,
@@ -128,24 +127,6 @@ class Qwen3Runner:
                     thinker_capacity, talker_capacity, self.codes_per_frame, self.buckets,
                     "on" if cuda_graphs else "off", "yes" if compile else "no",
                     time.monotonic() - started)
-
-    # what runner.py's ModelRunner offers the loop besides its steps
-    def loop_stream(self):
-        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
-
-    def synchronize(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def read(self, *ids: torch.Tensor) -> list[list[int]]:
-        from ...runner import ModelRunner
-
-        return ModelRunner.read(self, *ids)
-
-    def _read_buffer(self, size: int) -> torch.Tensor:
-        if self._pinned is None or self._pinned.numel() < size:
-            self._pinned = torch.empty(max(size, 256), dtype=torch.long, pin_memory=True)
-        return self._pinned[:size]
 
     def release(self) -> None:
         self.thinker_pool = self.talker_pool = self.talker_history = None

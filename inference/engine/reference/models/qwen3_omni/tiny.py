@@ -18,20 +18,14 @@ the user turns and the assistant's start by those ids).
 from __future__ import annotations
 
 import json
-import logging
-import shutil
-import tempfile
-import time
 from pathlib import Path
 
-from ...tiny import _build_tokenizer, _round_up, _seeded, cache_root
+from ...tiny import _build_tokenizer, _round_up, _seeded, build_once, cache_root
 
 BUILD_VERSION = "v1"
 SEED = 4321
 NAME = "tiny-random-qwen3-omni"
 VOICES = {"ethan": 0, "chelsie": 1, "aiden": 2}  # offsets from SPEAKER_BASE
-
-logger = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = [
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_start|>", "<|audio_end|>",
@@ -58,26 +52,8 @@ def tiny_model_dir() -> Path:
 
 
 def ensure_tiny_model() -> Path:
-    """The cached model folder, built first if missing (into a temporary folder renamed into
-    place, so concurrent starts never see half a model)."""
-    target = tiny_model_dir()
-    if (target / "config.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    logger.info("building %s (%s) in %s …", NAME, BUILD_VERSION, target)
-    started = time.monotonic()
-    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
-        build_tiny_model(staging)
-        try:
-            staging.rename(target)
-        except OSError:  # another process won the race; its copy is identical
-            shutil.rmtree(staging, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    logger.info("built %s in %.1f s", NAME, time.monotonic() - started)
-    return target
+    """The cached model folder, built first if missing (tiny.py's `build_once`)."""
+    return build_once(tiny_model_dir(), build_tiny_model, NAME)
 
 
 def build_tiny_model(out_dir: Path) -> None:
