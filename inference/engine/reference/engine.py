@@ -159,6 +159,9 @@ class ReferenceEngine(OmniEngine):
         talker may end after a few codes: its replies are 2-5 s of sound, as ./scripts/dev
         has always made them).
       max_tool_argument_tokens: length budget of a forced tool call's arguments (default 256).
+      fused_vocoder: Qwen2.5-Omni's vocoder runs each anti-aliased Snake activation as one
+        Triton kernel (vocoder_kernels.py) instead of the modules' five or more (default True
+        on cuda where Triton is installed, else False; the same arithmetic within 1e-5).
       ode_steps: token2wav DiT ODE steps per chunk (default 5; transformers runs 10; fewer
         is faster and rougher).
       first_chunk_blocks, chunk_blocks: audio chunk sizes in DiT blocks of 24 mel frames
@@ -233,7 +236,7 @@ class ReferenceEngine(OmniEngine):
                  lookback_blocks: int = 2, first_lookahead_blocks: int | None = None,
                  first_ode_steps: int | None = None, ramp_chunks: int | None = None,
                  quick_start_below: int | None = None, talker_ahead_chunks: int = AHEAD_CHUNKS,
-                 cuda_graphs: bool | None = None,
+                 cuda_graphs: bool | None = None, fused_vocoder: bool | None = None,
                  compile: bool | None = None, compile_cache_dir: str | None = None,
                  code2wav_first_frames: int = 2, code2wav_chunk_frames: int = 4,
                  code2wav_left_context: int = 25,
@@ -248,6 +251,7 @@ class ReferenceEngine(OmniEngine):
         if cuda_graphs and not cuda:
             raise ValueError("cuda_graphs needs a cuda device")
         self.compile = cuda if compile is None else compile
+        self.fused_vocoder = fused_vocoder  # None: on cuda where Triton is there
         self.compile_cache_dir = compile_cache_dir
         if kv_slots is not None and not 1 <= kv_slots <= MAX_SLOTS:
             raise ValueError(f"kv_slots must be between 1 and {MAX_SLOTS}")
@@ -338,7 +342,7 @@ class ReferenceEngine(OmniEngine):
             encoder_cache_bytes=self.encoder_cache_bytes,
             prefill_chunk_tokens=self.prefill_chunk_tokens, token2wav_dtype=self.token2wav_dtype,
             compile=self.compile, other_chunk_plans=self._other_chunk_plans(),
-            settings=self.settings)
+            fused_vocoder=self.fused_vocoder, settings=self.settings)
         self._audio_stream = family.audio_stream(self.runner, self.settings)
         self._talker_end_codes = family.talker_end_codes(model)
         self.scheduler = Scheduler(

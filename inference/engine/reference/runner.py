@@ -91,7 +91,7 @@ class ModelRunner(DeviceRunner):
                  device: torch.device, cuda_graphs: bool, encoder_cache_bytes: int,
                  prefill_chunk_tokens: int, token2wav_dtype: torch.dtype = torch.float32,
                  compile: bool = False, other_chunk_plans: tuple[ChunkPlan, ...] = (),
-                 settings=None) -> None:
+                 fused_vocoder: bool | None = None, settings=None) -> None:
         started = time.monotonic()
         self.model = model
         self.thinker = model.thinker
@@ -147,7 +147,8 @@ class ModelRunner(DeviceRunner):
                                           cuda_graphs, project=self.talker.thinker_to_talker_proj)
         self.token2wav = Token2WavRunner(model.token2wav, model.speaker_map, chunk_plan, device,
                                          cuda_graphs, max_batch=slots, dtype=token2wav_dtype,
-                                         compile=compile, other_plans=other_chunk_plans)
+                                         compile=compile, other_plans=other_chunk_plans,
+                                         fused_vocoder=fused_vocoder)
         logger.info("model runner: %d KV slots (thinker %d tokens, talker %d), batch buckets %s, "
                     "CUDA graphs %s, compiled %s, in %.1f s", slots, thinker_capacity,
                     talker_capacity, self.buckets, "on" if cuda_graphs else "off",

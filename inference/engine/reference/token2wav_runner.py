@@ -19,6 +19,8 @@ count, batch-size bucket) for the longest window of the chunk plan.
 The vocoder (convolutions only) batches chunks of equal length; its graphs are captured per
 (input length, batch bucket) for the lengths chunks have (token2wav_stream.py makes the last
 chunk's as long as a steady one's); other lengths (a reply shorter than a chunk) run eagerly.
+On CUDA its 109 anti-aliased Snake activations run as one Triton kernel each
+(vocoder_kernels.py) instead of five or more module kernels.
 
 On CUDA, token2wav runs on a CUDA stream of its own (`side_stream()`), at a lower priority
 than the engine loop's decode steps: the loop launches a batch of windows and goes on
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.util
 import logging
 import time
 from dataclasses import dataclass
@@ -48,6 +51,7 @@ from .token2wav_stream import ChunkPlan, MelWindow, Token2WavShape
 logger = logging.getLogger(__name__)
 
 _APART = 1 << 20  # a block distance no DiT layer attends across
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
 
 
 @dataclass
@@ -61,16 +65,26 @@ class Token2WavRunner:
     batch 1 and ~5× at 16 on an H200, with the ODE's state and time embedding kept in float32;
     its effect on real voices is unmeasured here). The vocoder always runs in float32.
     `other_plans`: chunk plans replies may use besides `plan` (the same ODE and guidance,
-    other chunk sizes); their windows and vocoder lengths are captured too."""
+    other chunk sizes); their windows and vocoder lengths are captured too.
+    `fused_vocoder`: the vocoder's anti-aliased activations as one Triton kernel each
+    (vocoder_kernels.py; default: on CUDA, where Triton is there)."""
 
     def __init__(self, token2wav, speakers: dict[str, dict], plan: ChunkPlan,
                  device: torch.device, cuda_graphs: bool = False, max_batch: int = 1,
                  dtype: torch.dtype = torch.float32, compile: bool = False,
-                 other_plans: tuple[ChunkPlan, ...] = ()) -> None:
+                 other_plans: tuple[ChunkPlan, ...] = (),
+                 fused_vocoder: bool | None = None) -> None:
         self.dit = token2wav.code2wav_dit_model
         if self.dit.proj_out.weight.dtype != dtype:  # a copy: the model may be shared
             self.dit = copy.deepcopy(self.dit).to(dtype)
         self.vocoder = token2wav.code2wav_bigvgan_model
+        if fused_vocoder is None:
+            fused_vocoder = device.type == "cuda" and HAVE_TRITON
+        self.activation = None  # the modules' own forward
+        if fused_vocoder:
+            from .vocoder_kernels import AntiAliasedSnake
+
+            self.activation = AntiAliasedSnake(self.vocoder)
         self.plan = plan
         self.plans = (plan, *other_plans)
         self.device = device
@@ -138,7 +152,8 @@ class Token2WavRunner:
             if graph is not None:
                 out = graph(batch)
             else:
-                out = mel_to_wave(self.vocoder, batch, self.min_level).reshape(len(group), -1)
+                out = mel_to_wave(self.vocoder, batch, self.min_level,
+                                  self.activation).reshape(len(group), -1)
             order += group
             outputs.append(out.reshape(-1))
         joined = torch.cat(outputs)
@@ -277,7 +292,8 @@ class _Vocoder:
     def __init__(self, runner: Token2WavRunner, frames: int, batch: int) -> None:
         self.mel = torch.zeros((batch, runner.shape.mel_dim, frames), dtype=torch.float32,
                                device=runner.device)
-        self.step = CapturedStep(lambda: mel_to_wave(runner.vocoder, self.mel, runner.min_level),
+        self.step = CapturedStep(lambda: mel_to_wave(runner.vocoder, self.mel, runner.min_level,
+                                                     runner.activation),
                                  stream=runner.capture_stream)
 
     def __call__(self, mel: torch.Tensor) -> torch.Tensor:
@@ -388,16 +404,35 @@ def solve_ode(velocity: Callable, initial: torch.Tensor, times: torch.Tensor) ->
     return state
 
 
-def mel_to_wave(vocoder, mel: torch.Tensor, min_level: torch.Tensor) -> torch.Tensor:
+def mel_to_wave(vocoder, mel: torch.Tensor, min_level: torch.Tensor,
+                activation: Callable | None = None) -> torch.Tensor:
     """`Qwen2_5OmniToken2WavBigVGANModel.forward` from the same modules, but leaving the audio
     on the device (the model's forward ends in `.cpu()`) and with the dB floor passed in
-    (the model builds it from a Python number on every call): both would break a capture."""
+    (the model builds it from a Python number on every call): both would break a capture.
+    `activation(module, hidden)` computes each anti-aliased activation in place of the
+    module's forward (the fused kernel); None: the modules as they are."""
     decibel = 20 * torch.log10(torch.clamp(torch.exp(mel), min=min_level)) - 20
     hidden = vocoder.conv_pre(vocoder.normalize_spectrogram(decibel, 1, -115))
     blocks = vocoder.num_residual_blocks
+    if activation is None:
+        def residual(block, hidden):
+            return block(hidden)
+    else:
+        def residual(block, hidden):
+            return _residual_block(block, hidden, activation)
     for layer in range(vocoder.num_upsample_layers):
         hidden = vocoder.ups[layer][0](hidden)
-        hidden = sum(vocoder.resblocks[layer * blocks + index](hidden)
+        hidden = sum(residual(vocoder.resblocks[layer * blocks + index], hidden)
                      for index in range(blocks)) / blocks
-    hidden = vocoder.conv_post(vocoder.activation_post(hidden))
+    post = vocoder.activation_post
+    hidden = vocoder.conv_post(post(hidden) if activation is None else activation(post, hidden))
     return torch.clamp(hidden, min=-1.0, max=1.0)
+
+
+def _residual_block(block, hidden: torch.Tensor, activation: Callable) -> torch.Tensor:
+    """`Qwen2_5OmniAMPBlock.forward`, each of its activations through `activation`."""
+    activations = block.activations
+    for conv1, conv2, first, second in zip(block.convs1, block.convs2, activations[::2],
+                                           activations[1::2]):
+        hidden = hidden + conv2(activation(second, conv1(activation(first, hidden))))
+    return hidden
