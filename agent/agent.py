@@ -124,10 +124,13 @@ class _AtOnce(Executor):
         return future
 
 
-def build_session(config: AgentSettings, vad: SpeechLengthVAD, inference_executor: InferenceExecutor) -> AgentSession:
-    model = omni.RealtimeModel(
+def realtime_model(config: AgentSettings) -> llm.RealtimeModel:
+    api_key = config.omni_api_key.get_secret_value() if config.omni_api_key else None
+    if config.realtime_plugin == "livekit-openai":
+        return livekit_openai_model(config, api_key)
+    return omni.RealtimeModel(
         url=config.omni_url,
-        api_key=config.omni_api_key.get_secret_value() if config.omni_api_key else None,
+        api_key=api_key,
         voice=config.voice,
         speculative_replies=config.speculative_replies,
         input_transcription=config.input_transcription,
@@ -135,6 +138,26 @@ def build_session(config: AgentSettings, vad: SpeechLengthVAD, inference_executo
         # the agent's chat context (transcripts) keeps them all
         truncation={"type": "retention_ratio", "retention_ratio": config.context_retention_ratio},
     )
+
+
+def livekit_openai_model(config: AgentSettings, api_key: str | None) -> llm.RealtimeModel:
+    """LiveKit's own OpenAI realtime model (livekit-plugins-openai) pointed at the omni worker,
+    which speaks that protocol: the yardstick for what this project's plugin costs a call
+    (bench/agent_cost.py). The turns are the agent's, as with ours (turn_detection=None: the
+    VAD and turn detector here commit each turn and ask for the reply)."""
+    from livekit.plugins import openai  # the test extra installs it; the agent's image does not
+
+    return openai.realtime.RealtimeModel(
+        base_url=config.omni_url,  # ws://host:port/v1/realtime, taken as it is
+        api_key=api_key or "no-key",  # the plugin wants one; a worker without a key ignores it
+        voice=config.voice,
+        turn_detection=None,
+        **({} if config.input_transcription else {"input_audio_transcription": None}),
+    )
+
+
+def build_session(config: AgentSettings, vad: SpeechLengthVAD, inference_executor: InferenceExecutor) -> AgentSession:
+    model = realtime_model(config)
     return AgentSession(
         vad=vad,
         llm=model,
@@ -183,7 +206,8 @@ async def entrypoint(ctx: JobContext) -> None:
     # The VAD's end of speech starts the reply; the turn detector's decision plays it. Speech
     # over a reply that the gate lets through as a turn ends that reply, so the next one starts
     # at its end of speech too.
-    omni.SpeculativeReplyTrigger(session, ends_reply=barge_in.speech_is_a_turn).attach()
+    if config.realtime_plugin == "omni":  # LiveKit's plugin has no speculative replies
+        omni.SpeculativeReplyTrigger(session, ends_reply=barge_in.speech_is_a_turn).attach()
     ctx.add_shutdown_callback(events.aclose)
     phone = PhoneCall(ctx.room, lambda: ctx.api, publish=events.publish, session=session,
                       transfer_to=config.transfer_to, transfer_timeout_s=config.transfer_timeout_s,

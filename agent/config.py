@@ -7,6 +7,7 @@ clear message before the worker starts, not deep inside a reconnect loop.
 
 from __future__ import annotations
 
+from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
@@ -78,6 +79,13 @@ class AgentSettings(BaseSettings):
     input_transcription: bool = Field(
         True, validation_alias="AGENT_INPUT_TRANSCRIPTION",
         description="have the omni worker transcribe the user's turns (user transcripts in the room)",
+    )
+    realtime_plugin: Literal["omni", "livekit-openai"] = Field(
+        "omni", validation_alias="AGENT_REALTIME_PLUGIN",
+        description="the model plugin: this project's (omni), or LiveKit's own OpenAI realtime model "
+                    "(livekit-plugins-openai, installed with the test extra) pointed at the same worker, to "
+                    "compare what a call costs (bench/agent_cost.py); it has no speculative replies and no "
+                    "context truncation",
     )
     context_retention_ratio: float = Field(
         0.8, ge=0, le=1, validation_alias="AGENT_CONTEXT_RETENTION_RATIO",

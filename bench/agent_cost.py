@@ -1,7 +1,13 @@
 """What does a call cost the agent? CPU per active call and memory per job process, at N calls.
 
 A real LiveKit server, the real agent (`agent/agent.py start`, as deployed: warm idle job
-processes, INFO logs) and an omni worker that answers quickly: by default
+processes, INFO logs), twice: once with this project's plugin (livekit-plugins-omni) and once
+with LiveKit's own OpenAI realtime model (livekit-plugins-openai, `AGENT_REALTIME_PLUGIN=
+livekit-openai`) pointed at the same worker, which speaks the OpenAI Realtime protocol;
+everything else in the two agents is the same (VAD, turn detector, room audio, barge-in gate).
+Each registers under its own agent name and every room asks for one of them, so the same calls
+run against each, one after the other for every N (`--rounds` times over: interleaved). Both
+talk to an omni worker that answers quickly: by default
 `bench/null_worker.py` (the real gateway over a tone generator paced at RTF 0.5, so the
 model's CPU is not mixed with the agent's), or `--worker tiny-random`. All on free ports, so
 it runs beside the end-to-end tests.
@@ -36,15 +42,18 @@ closer to the sum of PSS than to the sum of RSS.
     python bench/agent_cost.py --calls 2 --agent-env AGENT_SPECULATIVE_REPLIES=false
     python bench/agent_cost.py --calls 1 --py-spy /tmp/prof   # a py-spy profile of each job
     python bench/agent_cost.py --calls 2,4 --agent-checkout /tmp/old   # another commit's agent
+    python bench/agent_cost.py --calls 1,2 --rounds 2 --window 30   # both plugins, interleaved twice
 
-The last line: `agent CPU per call: X % of a core, job RSS: Y MB` (at the largest N: job,
-inference and worker processes together, per call; the median RSS of a job process).
+The last lines, one per plugin: `agent CPU per call, <plugin>: X % of a core, job RSS: Y MB` (at
+the largest N: job, inference and worker processes together, per call, the median over the
+rounds; the median RSS of a job process). `--plugins omni` measures this project's alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 import re
@@ -72,8 +81,16 @@ from tests.e2e.caller import Caller, load_wav  # noqa: E402
 
 PAUSE_S = (1.0, 3.0)  # between the end of the agent's reply and the caller's next sentence
 REPLY_TIMEOUT_S = 60.0
-ROLES = ("job", "inference", "worker", "idle", "omni worker", "livekit", "callers")
+ROLES = ("job", "inference", "worker", "idle", "omni worker", "livekit", "callers", "other agent")
 AGENT_ROLES = ("job", "inference", "worker")  # what a call costs the agent's container
+# the model plugins compared: this project's, and LiveKit's own OpenAI realtime model pointed at
+# the same worker (agent/agent.py, AGENT_REALTIME_PLUGIN); each agent registers under this name
+PLUGINS = {"omni": "this project's livekit-plugins-omni",
+           "livekit-openai": "LiveKit's livekit-plugins-openai"}
+
+
+def agent_service_name(plugin: str) -> str:
+    return f"agent-{plugin}"
 
 
 def free_udp_port() -> int:
@@ -95,8 +112,9 @@ class CallStats:
 class Conversation:
     """One caller in its own room, talking until told to stop."""
 
-    def __init__(self, livekit_url: str, seed: int, *, silent: bool = False) -> None:
+    def __init__(self, livekit_url: str, seed: int, *, silent: bool = False, agent_name: str | None = None) -> None:
         self.livekit_url = livekit_url
+        self.agent_name = agent_name  # the agent the room asks for (None: any unnamed one)
         self.silent = silent  # after the greeting, only the microphone's silence
         self.rng = random.Random(seed)
         self.stats = CallStats()
@@ -105,7 +123,8 @@ class Conversation:
         self.caller: Caller | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
-        self.caller = caller = await Caller.join(self.livekit_url, f"cost-{uuid.uuid4().hex[:8]}")
+        self.caller = caller = await Caller.join(self.livekit_url, f"cost-{uuid.uuid4().hex[:8]}",
+                                                 agent_name=self.agent_name)
         try:
             audio = await caller.wait_for_agent(timeout=REPLY_TIMEOUT_S)
             await caller.wait_until_agent_listening(after=0.0, timeout=REPLY_TIMEOUT_S)  # the greeting
@@ -136,21 +155,26 @@ class Conversation:
 # --------------------------------------------------------------------------- the processes
 
 
-def roles(stack: Stack, omni_port: int) -> dict[int, str]:
-    """pid → role, for every process of the stack and this benchmark."""
+def roles(stack: Stack, omni_port: int, plugin: str) -> dict[int, str]:
+    """pid → role, for every process of the stack and this benchmark; the agent measured is
+    the one with `plugin`, every process of the other agent is "other agent"."""
     found = {psutil.Process().pid: "callers",
              stack.processes["worker"].proc.pid: "omni worker",
              stack.processes["livekit"].proc.pid: "livekit"}
     for child in psutil.Process(stack.processes["livekit"].proc.pid).children(recursive=True):
         found[child.pid] = "livekit"  # the run script execs the server, but just in case
-    agent = psutil.Process(stack.processes["agent"].proc.pid)
-    found[agent.pid] = "worker"
-    inference = inference_pid(stack.processes["agent"].lines())
-    for child in agent.children(recursive=True):
-        try:
-            found[child.pid] = _agent_role(agent, child, omni_port, inference)
-        except psutil.NoSuchProcess:
-            pass
+    for name, service in stack.processes.items():
+        if not name.startswith("agent-"):
+            continue
+        agent = psutil.Process(service.proc.pid)
+        measured = name == agent_service_name(plugin)
+        found[agent.pid] = "worker" if measured else "other agent"
+        inference = inference_pid(service.lines())
+        for child in agent.children(recursive=True):
+            try:
+                found[child.pid] = _agent_role(agent, child, omni_port, inference) if measured else "other agent"
+            except psutil.NoSuchProcess:
+                pass
     return found
 
 
@@ -230,6 +254,7 @@ def memory(pid: int) -> Memory | None:
 
 @dataclass
 class Run:
+    plugin: str
     calls: int
     window_s: float
     cpu: dict[str, float]  # role → cores (CPU seconds per second of the window)
@@ -247,9 +272,12 @@ class Run:
         return sum(self.per_call(r) for r in AGENT_ROLES)
 
 
-async def measure(stack: Stack, livekit_url: str, omni_port: int, calls: int, args: argparse.Namespace) -> Run:
+async def measure(stack: Stack, livekit_url: str, omni_port: int, calls: int, plugin: str,
+                  args: argparse.Namespace) -> Run:
+    """N calls to the agent with `plugin`; the same callers (seeds) whichever plugin it is."""
     stop = asyncio.Event()
-    conversations = [Conversation(livekit_url, seed=1000 * calls + i, silent=args.silent) for i in range(calls)]
+    conversations = [Conversation(livekit_url, seed=1000 * calls + i, silent=args.silent, agent_name=plugin)
+                     for i in range(calls)]
     tasks = []
     for conversation in conversations:
         tasks.append(asyncio.create_task(conversation.run(stop)))
@@ -265,7 +293,7 @@ async def measure(stack: Stack, livekit_url: str, omni_port: int, calls: int, ar
             raise RuntimeError("not every call was greeted within 120 s")
         await asyncio.sleep(args.warmup)
 
-        pids = roles(stack, omni_port)
+        pids = roles(stack, omni_port, plugin)
         jobs = [pid for pid, role in pids.items() if role == "job"]
         if len(jobs) != calls:
             raise RuntimeError(f"{calls} calls but {len(jobs)} job processes talk to the worker")
@@ -294,7 +322,7 @@ async def measure(stack: Stack, livekit_url: str, omni_port: int, calls: int, ar
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
-    return Run(calls=calls, window_s=window, cpu=dict(cpu), job_cpu=job_cpu, job_threads=dict(job_threads),
+    return Run(plugin=plugin, calls=calls, window_s=window, cpu=dict(cpu), job_cpu=job_cpu, job_threads=dict(job_threads),
                job_memory=[mem[p] for p in jobs if mem[p]],
                idle_memory=[m for pid, m in mem.items() if m and pids[pid] == "idle"],
                agent_pss_mb=agent_pss, stats=[c.stats for c in conversations])
@@ -312,10 +340,10 @@ def start_profilers(jobs: list[int], args: argparse.Namespace) -> list[subproces
             for pid in jobs]
 
 
-async def wait_for_calls_to_end(stack: Stack, omni_port: int, timeout: float = 60.0) -> None:
+async def wait_for_calls_to_end(stack: Stack, omni_port: int, plugin: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if "job" not in roles(stack, omni_port).values():
+        if "job" not in roles(stack, omni_port, plugin).values():
             await asyncio.sleep(2.0)  # and the process pool refilled
             return
         await asyncio.sleep(0.5)
@@ -338,6 +366,41 @@ def saturated(run: Run, first: Run) -> bool:
 
 
 def report(runs: list[Run], args: argparse.Namespace) -> str:
+    """Each plugin's runs, then the two side by side."""
+    sections = []
+    for plugin in PLUGINS:
+        mine = [r for r in runs if r.plugin == plugin]
+        if mine:
+            sections.append(f"== {PLUGINS[plugin]} (AGENT_REALTIME_PLUGIN={plugin})\n" + report_plugin(mine, args))
+    return "\n\n".join(sections + [compare(runs)])
+
+
+def compare(runs: list[Run]) -> str:
+    """Per N, each plugin's agent CPU per call (median over the rounds), and the closing lines."""
+    plugins = [p for p in PLUGINS if any(r.plugin == p for r in runs)]
+    lines = ["== the same calls, both plugins: agent CPU per call (job + inference + worker), % of a "
+             "core, median over the rounds (job processes alone in brackets)",
+             f"{'calls':>5} | " + " | ".join(f"{p:>22}" for p in plugins)]
+    for calls in sorted({r.calls for r in runs}):
+        cells = []
+        for plugin in plugins:
+            mine = [r for r in runs if r.plugin == plugin and r.calls == calls]
+            cells.append(f"{pct(statistics.median(r.agent_per_call() for r in mine)):>12} "
+                         f"({pct(statistics.median(r.per_call('job') for r in mine)):>5}) "
+                         f"n={len(mine)}" if mine else f"{'-':>22}")
+        lines.append(f"{calls:>5} | " + " | ".join(cells))
+    largest = max(r.calls for r in runs)
+    for plugin in plugins:
+        mine = [r for r in runs if r.plugin == plugin and r.calls == largest]
+        if mine:
+            rss = statistics.median(m.rss for r in mine for m in r.job_memory)
+            lines.append(f"agent CPU per call, {PLUGINS[plugin]}: "
+                         f"{pct(statistics.median(r.agent_per_call() for r in mine))} % of a core, "
+                         f"job RSS: {rss:.0f} MB (at {largest} calls)")
+    return "\n".join(lines)
+
+
+def report_plugin(runs: list[Run], args: argparse.Namespace) -> str:
     saturated_runs = [r for r in runs if saturated(r, runs[0])]
     lines = [
         "per active call, % of one core (CPU time over the window / window / calls):",
@@ -381,11 +444,9 @@ def report(runs: list[Run], args: argparse.Namespace) -> str:
         fixed, slope = _fit(xs, [r.agent_pss_mb for r in runs])
         lines.append(f"  agent memory (PSS, all processes): {slope:.0f} MB per call + {fixed:.0f} MB fixed")
     last = runs[-1]
-    lines += ["", f"at {last.calls} calls: job + inference {pct(last.per_call('job') + last.per_call('inference'))} % "
-                  f"of a core per call (target ≤ 5 %), job RSS median "
-                  f"{statistics.median(m.rss for m in last.job_memory):.0f} MB (target ≤ 300 MB)",
-              f"agent CPU per call: {pct(last.agent_per_call())} % of a core, "
-              f"job RSS: {statistics.median(m.rss for m in last.job_memory):.0f} MB"]
+    lines += ["", f"at {last.calls} calls (the last run): job + inference "
+                  f"{pct(last.per_call('job') + last.per_call('inference'))} % of a core per call, job RSS "
+                  f"median {statistics.median(m.rss for m in last.job_memory):.0f} MB"]
     return "\n".join(lines)
 
 
@@ -407,18 +468,24 @@ def worker_service(port: int, args: argparse.Namespace) -> Service:
 
 async def run_all(stack: Stack, livekit_url: str, omni_port: int, args: argparse.Namespace) -> tuple[list[Run], str]:
     """The runs that completed, and why the next one did not (empty when all did): on a small
-    machine a large N saturates it (calls go unanswered, the agent reports itself full)."""
+    machine a large N saturates it (calls go unanswered, the agent reports itself full). For
+    each N, each round runs the same calls against every plugin's agent in turn (the order
+    alternates from round to round, so neither always goes first)."""
     runs = []
     for calls in args.calls:
-        try:
-            run = await measure(stack, livekit_url, omni_port, calls, args)
-        except (RuntimeError, TimeoutError) as e:
-            return runs, f"{calls} calls: failed ({type(e).__name__}: {e or 'timed out'}); larger N not tried"
-        runs.append(run)
-        print(f"[bench] {calls} calls: agent {pct(run.agent_per_call())} % of a core per call "
-              f"(job {pct(run.per_call('job'))} %), {sum(s.turns for s in run.stats)} turns in "
-              f"{run.window_s:.0f} s", flush=True)
-        await wait_for_calls_to_end(stack, omni_port)
+        for round_ in range(args.rounds):
+            order = args.plugins if round_ % 2 == 0 else args.plugins[::-1]
+            for plugin in order:
+                try:
+                    run = await measure(stack, livekit_url, omni_port, calls, plugin, args)
+                except (RuntimeError, TimeoutError) as e:
+                    return runs, (f"{calls} calls, {plugin}: failed ({type(e).__name__}: {e or 'timed out'}); "
+                                  "the rest not tried")
+                runs.append(run)
+                print(f"[bench] {calls} calls, {plugin}, round {round_ + 1}: agent {pct(run.agent_per_call())} % "
+                      f"of a core per call (job {pct(run.per_call('job'))} %), "
+                      f"{sum(s.turns for s in run.stats)} turns in {run.window_s:.0f} s", flush=True)
+                await wait_for_calls_to_end(stack, omni_port, plugin)
     return runs, ""
 
 
@@ -439,25 +506,36 @@ def main() -> None:
     p.add_argument("--silent", action="store_true",
                    help="callers say nothing after the greeting: what a call costs while nobody speaks")
     p.add_argument("--py-spy", metavar="DIR", help="record a py-spy profile of each job process over the window")
+    p.add_argument("--plugins", type=lambda s: s.split(","), default=list(PLUGINS),
+                   help=f"the agents' model plugins, comma-separated: {', '.join(PLUGINS)} (default: both)")
+    p.add_argument("--rounds", type=int, default=1, help="times each N runs against every plugin, interleaved")
     args = p.parse_args()
+    unknown = [plugin for plugin in args.plugins if plugin not in PLUGINS]
+    if unknown:
+        p.error(f"unknown plugin(s) {', '.join(unknown)}; choose from {', '.join(PLUGINS)}")
 
     print("$ python " + shlex.join(sys.argv), flush=True)
     lk_port, lk_tcp, lk_udp, omni_port = free_port(), free_port(), free_udp_port(), free_port()
-    agent_env = {"AGENT_HTTP_PORT": str(free_port()), "AGENT_METRICS_PORT": str(free_port()),
-                 **dict(item.split("=", 1) for item in args.agent_env)}
+    agent_env = dict(item.split("=", 1) for item in args.agent_env)
     log_dir = Path(tempfile.mkdtemp(prefix="bench-agent-cost-"))
     livekit_url = f"ws://127.0.0.1:{lk_port}"
     with Stack(echo=None, log_dir=log_dir, say=lambda m: print(f"[stack] {m}", flush=True)) as stack:
         stack.start(livekit_server(lk_port, lk_tcp, lk_udp))
         stack.start(worker_service(omni_port, args))
-        stack.start(voice_agent(livekit_url=livekit_url, omni_url=f"ws://127.0.0.1:{omni_port}/v1/realtime",
-                                mode="start", env=agent_env, checkout=args.agent_checkout))
+        for plugin in args.plugins:  # one agent per plugin, each under its own name, own ports
+            env = {**agent_env, "AGENT_NAME": plugin, "AGENT_REALTIME_PLUGIN": plugin,
+                   "AGENT_HTTP_PORT": str(free_port()), "AGENT_METRICS_PORT": str(free_port())}
+            stack.start(dataclasses.replace(
+                voice_agent(livekit_url=livekit_url, omni_url=f"ws://127.0.0.1:{omni_port}/v1/realtime",
+                            mode="start", env=env, checkout=args.agent_checkout),
+                name=agent_service_name(plugin)))
         runs, failed = asyncio.run(run_all(stack, livekit_url, omni_port, args))
     print(f"[stack] logs in {log_dir}")
     print(f"\nagent cost through LiveKit, {time.strftime('%Y-%m-%d %H:%M %Z')}")
     print(f"machine: {machine()}")
     agent = "agent/agent.py" if args.agent_checkout == REPO else f"{args.agent_checkout}/agent/agent.py"
-    print(f"agent: {agent} start; worker: {args.worker}"
+    print(f"agent: {agent} start, once per plugin ({', '.join(args.plugins)}; {args.rounds} round(s), "
+          f"interleaved); worker: {args.worker}"
           + (f" ({args.reply_seconds:.0f} s replies at RTF 0.5)" if args.worker == "null" else "")
           + f"; agent settings: {' '.join(args.agent_env) or 'defaults'}")
     talk = ("the greeting, then silence" if args.silent else

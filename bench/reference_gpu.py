@@ -9,6 +9,8 @@ cache at work). On a CPU, `--tiny` runs the same path on tiny-random.
     python bench/reference_gpu.py --sessions 1,16 --conversation 0
     python bench/reference_gpu.py --check --sessions none --conversation 0   # the check alone
     python bench/reference_gpu.py --sessions 1 --repeats 3 --steady 16,24,32 --conversation 30
+    python bench/reference_gpu.py --sessions none --conversation 0 --steady 8,12,16,20,24 \
+        --steady-input 1-6 --steady-reply 1-10             # GPU: a real call mix
     python bench/reference_gpu.py --tiny                 # CPU: 1 and 4 sessions, 10 turns
 
 Per level it prints first audio p50/p95, the silence a listener playing each packet on
@@ -17,18 +19,25 @@ arrival hears after the first packet (p50 and worst), RTF (wall time of a reply 
 second by all sessions together, and its ratio to one session's), queue wait p95, the largest
 decode batch and GPU memory. The conversation prints first audio per turn and turn N / turn 2.
 
-`--steady LEVELS` measures the way calls really arrive: at each level that many calls start
-staggered over `--stagger` seconds; each caller speaks `--input-seconds` (its request goes
+`--steady LEVELS` measures the way calls really arrive: at each level (in ascending order)
+that many calls start staggered over `--stagger` seconds; each caller speaks (its request goes
 in at the end of its speech), hears the reply in real time, then speaks again, for
 `--steady-seconds`; its conversation grows turn by turn on its own session (the prefix cache
-at work). Per level: first audio p50/p95, the share of replies whose listener hears more than
-0.1 s of silence after the first packet (and that silence's p50), and what the engine loop
-did (decode step and token2wav run times, batch sizes); then one closing line,
-`calls per GPU (steady, gap-free): N`, the largest level with first audio p95 ≤ 0.6 s and at
-most 5 % of replies with silence. A level still running after STEADY_LEVEL_LIMIT × its time is
-cut, reported as past capacity, and the higher levels are skipped; a level whose engine loop
-makes no step for 5 s while replies run prints a stall report (each reply's state as the
-scheduler sees it, and a py-spy dump of the process's threads). `--variant-steady` runs
+at work). How long a caller speaks and how long each reply is are `--steady-input` and
+`--steady-reply`: a fixed value (default `--input-seconds` and `--audio-seconds`) or a range,
+e.g. `--steady-input 1-6 --steady-reply 1-10`, drawn per turn from `--steady-seed` (the same
+mix on every run). Per level: replies with no audio, first audio p50/p95, the share of
+replies whose listener hears more than 0.1 s of silence after the first packet or no audio at
+all (and that silence's p50), the share of the calls' time the agent talks, the audio seconds
+made per wall second, and what the engine loop did (decode step and token2wav run times,
+batch sizes); then two closing lines: `calls per GPU (steady, gap-free): N`, the largest level
+with first audio p95 ≤ 0.6 s and at most 5 % of replies gapped or silent, counting up from
+the lowest level to the first that is not (bench/steady_mix.py), and `gap-free audio per GPU:
+X s/s`, the most audio seconds per second made at such a level. A level still running after
+STEADY_LEVEL_LIMIT × its time is cut, reported as past capacity, and the higher levels are
+skipped; a level whose engine loop makes no step for 5 s while replies run prints a stall
+report (each reply's state as the scheduler sees it, and a py-spy dump of the process's
+threads). `--variant-steady` runs
 steady levels for the variants after the first; `--py-spy-level N` samples the process with
 py-spy for 10 s at level N (where the engine loop's host time goes).
 
@@ -80,6 +89,9 @@ from inference.engine.reference import ReferenceEngine  # noqa: E402
 from inference.engine.reference.core import LoopStats  # noqa: E402
 from inference.engine.reference.loading import LoadedModel, load_model  # noqa: E402
 from inference.engine.reference.sampling import TALKER_SAMPLING  # noqa: E402
+from steady_mix import (  # noqa: E402  (bench/: the steady state's rules, tested on a CPU)
+    GAP_S, Level, Seconds, pct, steady_capacity, turn_lengths,
+)
 
 SPEAKER_REF_FRAMES = 300
 
@@ -250,9 +262,11 @@ def build_qwen3_30b_a3b_shaped(device: torch.device, dtype: torch.dtype) -> Load
     return LoadedModel(model=model, processor=processor, device=device, dtype=dtype)
 
 
-def bench_request(index: int, args, context=None, session_id=None) -> GenerationRequest:
+def bench_request(index: int, args, context=None, session_id=None,
+                  input_seconds: float | None = None) -> GenerationRequest:
     rng = np.random.default_rng(index)
-    audio = (rng.normal(0, 0.05, int(16_000 * args.input_seconds))).astype(np.float32)
+    seconds = args.input_seconds if input_seconds is None else input_seconds
+    audio = (rng.normal(0, 0.05, int(16_000 * seconds))).astype(np.float32)
     context = (context or []) + [UserAudio(audio), UserText("What do you hear?")]
     return GenerationRequest(
         request_id=f"bench-{index}", instructions="Answer briefly.", context=context,
@@ -303,13 +317,6 @@ async def one_session(engine: ReferenceEngine, index: int, args, request=None) -
     }
 
 
-def pct(values: list[float], q: float) -> float:
-    values = sorted(v for v in values if v == v)
-    if not values:
-        return float("nan")
-    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
-
-
 def gpu_memory(device: torch.device) -> str:
     if device.type != "cuda":
         return "-"
@@ -331,7 +338,10 @@ async def run(args) -> None:
         return  # --check alone
     options = dict(device=str(device), kv_slots=max(levels + variant_levels + steady + variant_steady),
                    context_tokens=args.context_tokens,
-                   max_audio_seconds=args.audio_seconds, min_audio_seconds=args.audio_seconds,
+                   # a steady reply may be longer than --audio-seconds: the engine's buffers
+                   # are sized for the longest; each reply's own length is set on admission
+                   max_audio_seconds=max(args.audio_seconds, args.steady_reply.high),
+                   min_audio_seconds=args.audio_seconds,
                    max_new_tokens=args.max_tokens, seed=0)
     for option in ("ode_steps", "first_chunk_blocks", "chunk_blocks", "lookahead_blocks"):
         if getattr(args, option) is not None:  # otherwise the engine's default
@@ -361,7 +371,8 @@ async def run(args) -> None:
 
         loaded = await asyncio.to_thread(build_7b_shaped, device, resolve_dtype(args.dtype, device))
     print(f"options: {options}  input audio {args.input_seconds} s  "
-          f"(speech per reply fixed at {args.audio_seconds} s)", flush=True)
+          f"(speech per reply fixed at {args.audio_seconds} s; steady calls: {args.steady_input} "
+          f"in, {args.steady_reply} replies)", flush=True)
     for index, variant in enumerate(args.variants.split(",")):
         first = index == 0
         try:
@@ -380,6 +391,7 @@ async def run_variant(name: str, loaded: LoadedModel, variant: str, options: dic
                              **{**options, **overrides})
     started = time.monotonic()
     await engine.start_with_model(loaded)
+    set_reply_lengths(engine, args.audio_seconds)
     print(f"\n== variant {variant} {overrides}  started in {time.monotonic() - started:.1f} s  "
           f"KV slots {engine.capacity}  graphs: {audio_graphs(engine.runner)}  "
           f"GPU memory in use {gpu_memory(device)}", flush=True)
@@ -466,46 +478,53 @@ def loop_line(stats: LoopStats, wall: float) -> str:
 
 
 async def run_steady(engine: ReferenceEngine, levels: list[int], args) -> None:
-    """Calls as they really arrive (see the module doc), one level after another."""
+    """Calls as they really arrive (see the module doc), one level after another, in
+    ascending order; the rules that make the closing lines are in bench/steady_mix.py."""
     print(f"\n== steady state: calls start over {args.stagger:g} s; each speaks "
-          f"{args.input_seconds:g} s, hears the reply in real time, speaks again; "
-          f"{args.steady_seconds:g} s per level", flush=True)
-    print(f"{'calls':>6} {'replies':>8} {'first p50':>10} {'first p95':>10} {'gapped':>7} "
-          f"{'silence p50':>12} {'prefilled p50':>14}", flush=True)
-    best = 0
-    for calls in levels:
+          f"{args.steady_input} (drawn per turn), hears a reply of {args.steady_reply} in real "
+          f"time, speaks again; {args.steady_seconds:g} s per level", flush=True)
+    print(f"{'calls':>6} {'replies':>8} {'no audio':>9} {'first p50':>10} {'first p95':>10} "
+          f"{'gapped':>7} {'silence p50':>12} {'talking':>8} {'audio/s':>8} {'prefilled p50':>14}",
+          flush=True)
+    done: list[Level] = []
+    for calls in sorted(set(levels)):
         engine.core.stats = LoopStats()
         started = time.monotonic()
         if calls == args.py_spy_level:
             asyncio.get_running_loop().create_task(record_py_spy(args))
         results: list[dict] = []
+        call_times: list[float] = []
         limit = STEADY_LEVEL_LIMIT * args.steady_seconds + args.stagger
         watchdog = StallWatchdog(engine)
         try:
             await asyncio.wait_for(asyncio.gather(*(
-                steady_caller(engine, calls, index, started, args, results) for index in range(calls))),
-                timeout=limit)
+                steady_caller(engine, calls, index, started, args, results, call_times)
+                for index in range(calls))), timeout=limit)
             finished = True
         except asyncio.TimeoutError:  # the callers' replies are cancelled: the engine drops them
             finished = False
         watchdog.stop()
-        wall = time.monotonic() - started
-        firsts = [r["first_audio_s"] for r in results]
-        gapped = [r["stall_s"] for r in results if r["stall_s"] > GAP_S]
-        share = len(gapped) / max(len(results), 1)
-        p95 = pct(firsts, 95)
-        print(f"{calls:>6} {len(results):>8} {pct(firsts, 50):>9.3f}s {p95:>9.3f}s "
-              f"{100 * share:>6.0f}% {pct(gapped, 50) if gapped else 0.0:>11.2f}s "
-              f"{pct([r['prefill_tokens'] for r in results], 50):>14.0f}", flush=True)
-        print("       " + loop_line(engine.core.stats, wall), flush=True)
+        level = Level(calls=calls, finished=finished, wall_s=time.monotonic() - started,
+                      replies=results, call_s=sum(call_times))
+        done.append(level)
+        gapped = level.gapped
+        print(f"{calls:>6} {len(results):>8} {level.silent:>9} {level.first_audio(50):>9.3f}s "
+              f"{level.first_audio(95):>9.3f}s {100 * level.failed_share:>6.0f}% "
+              f"{pct(gapped, 50) if gapped else 0.0:>11.2f}s {100 * level.talk_share:>7.0f}% "
+              f"{level.audio_per_s:>8.2f} {pct([r['prefill_tokens'] for r in results], 50):>14.0f}",
+              flush=True)
+        print("       " + loop_line(engine.core.stats, level.wall_s), flush=True)
         if not finished:
             print(f"       the level did not finish within {limit:.0f} s: replies took far longer "
                   "than real time (the engine is past its capacity); higher levels are skipped",
                   flush=True)
             break
-        if p95 <= STEADY_FIRST_AUDIO_S and share <= STEADY_GAPPED:
-            best = max(best, calls)
-    print(f"calls per GPU (steady, gap-free): {best}", flush=True)
+    print("no audio: replies that made none; gapped: replies whose listener heard more than "
+          f"{GAP_S:g} s of silence after the first packet, or no audio; talking: the share of the "
+          "calls' time the agent spoke; audio/s: audio seconds made per wall second", flush=True)
+    calls, audio_per_s = steady_capacity(done)
+    print(f"calls per GPU (steady, gap-free): {calls}", flush=True)
+    print(f"gap-free audio per GPU: {audio_per_s:.1f} s/s", flush=True)
 
 
 class StallWatchdog:
@@ -574,32 +593,61 @@ async def record_py_spy(args, seconds: int = 10) -> None:
     print(f"py-spy (exit {process.returncode}): {output.decode(errors='replace')[-400:]}", flush=True)
 
 
-GAP_S = 0.1                  # silence a listener hears after the first packet that counts
 STEADY_LEVEL_LIMIT = 2.5     # a steady level taking longer than this × --steady-seconds is cut
-STEADY_FIRST_AUDIO_S = 0.6   # first audio p95 at a level that counts as carried
-STEADY_GAPPED = 0.05         # share of replies with silence at such a level
 
 
 async def steady_caller(engine: ReferenceEngine, calls: int, index: int, started: float,
-                        args, results: list[dict]) -> None:
+                        args, results: list[dict], call_times: list[float]) -> None:
     """One call: speak, hear the reply in real time, speak again, until the level's time is up;
-    each reply's numbers go to `results` as it ends."""
+    each turn's speech and reply length are drawn from --steady-input / --steady-reply. Each
+    reply's numbers go to `results` as it ends, and the call's time (its start to the end of
+    its last reply) to `call_times`."""
     await asyncio.sleep(args.stagger * index / max(calls - 1, 1))
+    began = heard = time.monotonic()
     session = f"steady-{calls}-{index}"
     context: list = []
     turn = 0
-    while True:
-        await asyncio.sleep(args.input_seconds)  # the caller is speaking
-        if time.monotonic() - started > args.steady_seconds:
-            break
-        turn += 1
-        seed = 100_000 * calls + 1000 * index + turn
-        request = bench_request(seed, args, context=list(context), session_id=session)
-        result = await one_session(engine, seed, args, request=request)
-        results.append(result)
-        context = request.context + [AssistantText(result["text"])]
-        await asyncio.sleep(max(0.0, result["played_until"] - time.monotonic()))  # listening
+    try:
+        while True:
+            turn += 1
+            speech_s, reply_s = turn_lengths(args.steady_input, args.steady_reply, calls=calls,
+                                             call=index, turn=turn, seed=args.steady_seed)
+            await asyncio.sleep(speech_s)  # the caller is speaking
+            if time.monotonic() - started > args.steady_seconds:
+                break
+            seed = 100_000 * calls + 1000 * index + turn
+            request = bench_request(seed, args, context=list(context), session_id=session,
+                                    input_seconds=speech_s)
+            REPLY_SECONDS[request.request_id] = reply_s
+            result = await one_session(engine, seed, args, request=request)
+            results.append(result)
+            context = request.context + [AssistantText(result["text"])]
+            await asyncio.sleep(max(0.0, result["played_until"] - time.monotonic()))  # listening
+            heard = time.monotonic()
+    finally:
+        call_times.append(heard - began)
     engine.end_session(session)
+
+
+# request id → seconds of speech for that reply; any other reply gets --audio-seconds
+REPLY_SECONDS: dict[str, float] = {}
+
+
+def set_reply_lengths(engine: ReferenceEngine, default_s: float) -> None:
+    """The engine gives every reply the same speech limits (its min/max_audio_seconds); the
+    steady mix wants a length per reply. Each reply's talker limits are set as the engine
+    hands it to its loop: its end codes are masked until, and it stops at, exactly
+    REPLY_SECONDS[its request id] of speech (default_s for replies not in there)."""
+    core, add = engine.core, engine.core.add
+    codes_per_second = engine._codes_per_second
+
+    def add_with_length(reply) -> None:
+        if reply.talker is not None:
+            seconds = REPLY_SECONDS.pop(reply.request.request_id, default_s)
+            reply.talker.min_codes = reply.talker.max_codes = max(1, int(seconds * codes_per_second))
+        add(reply)
+
+    core.add = add_with_length
 
 
 def profile_steps(engine: ReferenceEngine, args) -> None:
@@ -811,6 +859,13 @@ def main() -> None:
     parser.add_argument("--py-spy-out", default="py-spy.txt", help="py-spy's collapsed stacks")
     parser.add_argument("--steady-seconds", type=float, default=50.0, help="seconds per steady level")
     parser.add_argument("--stagger", type=float, default=6.0, help="steady calls start over this many s")
+    parser.add_argument("--steady-input", type=Seconds.parse, default=None, metavar="S or LOW-HIGH",
+                        help="seconds a steady caller speaks per turn, fixed or drawn from a "
+                             "range, e.g. 1-6 (default: --input-seconds)")
+    parser.add_argument("--steady-reply", type=Seconds.parse, default=None, metavar="S or LOW-HIGH",
+                        help="seconds of speech per steady reply, fixed or drawn from a range, "
+                             "e.g. 1-10 (default: --audio-seconds)")
+    parser.add_argument("--steady-seed", type=int, default=0, help="seed of the steady mix's draws")
     parser.add_argument("--profile-steps", action="store_true",
                         help="time every captured CUDA graph after start-up")
     parser.add_argument("--costs-out", default=None, help="write --profile-steps' times as JSON")
@@ -828,6 +883,8 @@ def main() -> None:
         args.device = "cpu"
         args.audio_seconds = min(args.audio_seconds, 2.0)
         args.context_tokens = min(args.context_tokens, 4096)
+    args.steady_input = args.steady_input or Seconds(args.input_seconds, args.input_seconds)
+    args.steady_reply = args.steady_reply or Seconds(args.audio_seconds, args.audio_seconds)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("transformers").setLevel(logging.ERROR)
     asyncio.run(run(args))

@@ -32,7 +32,8 @@ def _parser() -> argparse.ArgumentParser:
                        "http://localhost:8080 (repeatable; env OMNI_ALLOWED_ORIGINS as a JSON list); "
                        f"default: {defaults.allowed_origins or 'none'}")
     serve.add_argument("--max-sessions", type=int, default=defaults.limits.max_sessions,
-                       help="concurrent sessions before new ones are refused with 503")
+                       help="concurrent sessions before new ones are refused with 503; default (None): "
+                            "the measured capacity of the GPU found (inference/capacity.py)")
     serve.add_argument("--device", default=defaults.device, help="reference engine: cuda, cpu or auto")
     serve.add_argument("--dtype", default=defaults.dtype, help="reference engine: bfloat16, float32 or auto")
     serve.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",

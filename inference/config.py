@@ -11,9 +11,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class Limits(BaseSettings):
     """Limits that protect the GPU and the other sessions. Env: OMNI_LIMIT_<NAME>."""
 
-    model_config = SettingsConfigDict(env_prefix="OMNI_LIMIT_")
+    # an empty variable is unset (docker-compose passes OMNI_LIMIT_MAX_SESSIONS empty when not given)
+    model_config = SettingsConfigDict(env_prefix="OMNI_LIMIT_", env_ignore_empty=True)
 
-    max_sessions: int = Field(16, ge=1, description="concurrent WebSocket sessions (the /health capacity)")
+    max_sessions: int | None = Field(None, ge=1, description="concurrent WebSocket sessions (the /health capacity); "
+                                     "unset: the measured capacity of the GPU found (inference/capacity.py)")
     max_event_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="one client event, JSON text in UTF-8 bytes")
     max_event_depth: int = Field(32, ge=4, le=200, description="nesting of arrays and objects in one event")
     max_event_audio_s: float = Field(10.0, gt=0, description="audio in one append or item event")

@@ -28,6 +28,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from . import capacity
 from . import engine as eng
 from . import logging_filters
 from .config import Limits, WorkerSettings
@@ -83,6 +84,8 @@ class Worker:
         self.metrics = WorkerMetrics()
         self.state: Literal["loading", "ready", "draining"] = "loading"
         self._reported_stall = False  # a stalled engine is logged once, when first seen
+        if settings.limits.max_sessions is None:  # built without serve(), e.g. around a test engine
+            settings.limits.max_sessions = capacity.choose(engine.name, engine.model, settings.device).calls
         self.sessions: set[RealtimeSession] = set()
         self._session_connections: set[RequestHandler] = set()  # exempt from the pending bound
         limits = settings.limits
@@ -99,7 +102,7 @@ class Worker:
 
     @property
     def capacity(self) -> int:
-        """Sessions admitted at once (--max-sessions)."""
+        """Sessions admitted at once (--max-sessions, else the measured capacity: `serve`)."""
         return self.settings.limits.max_sessions
 
     def protocol_factory(self, server: web.Server) -> Callable[[], RequestHandler]:
@@ -249,14 +252,16 @@ def fit_pending_bound(limits: Limits, file_limit: int | None) -> None:
 async def serve(settings: WorkerSettings, engine: eng.OmniEngine | None = None) -> int:
     """Listen, load and warm the engine, serve until SIGINT/SIGTERM. Returns the exit code."""
     if engine is None:
+        # MAX_SESSIONS and the KV slots, where not set, from the measured capacity of this GPU
+        capacity.apply(settings)
         try:
             engine = eng.create_engine(settings.engine, settings.model, **settings.engine_options())
         except (TypeError, ValueError) as e:  # an unknown or bad --engine-option
             log.error("cannot create the %s engine: %s", settings.engine, e)
             return 2
     logging_filters.install([settings.api_key.get_secret_value()] if settings.api_key else [])
+    worker = Worker(settings, engine)  # first: it settles max_sessions for an engine given here
     fit_pending_bound(settings.limits, raise_file_limit())
-    worker = Worker(settings, engine)
     limits: Limits = settings.limits
     # keepalive_timeout runs from the connect too: it is the deadline for a whole request head
     runner = web.AppRunner(worker.app, handle_signals=False, access_log=None,

@@ -77,3 +77,26 @@ def test_cost_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGENT_IDLE_PROCESSES", "0")
     s = AgentSettings()
     assert s.auto_gain_control is False and s.idle_processes == 0
+
+
+def test_the_model_plugin_can_be_livekits_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """AGENT_REALTIME_PLUGIN=livekit-openai (bench/agent_cost.py's yardstick): LiveKit's OpenAI
+    realtime model on the same worker URL, the agent's VAD and turn detector taking the turns
+    (no server turn detection), and no input transcription when the agent turns it off."""
+    from livekit.plugins import omni, openai
+
+    from agent.agent import realtime_model
+
+    monkeypatch.setenv("OMNI_URL", "ws://10.0.0.5:9000/v1/realtime")
+    assert isinstance(realtime_model(AgentSettings()), omni.RealtimeModel)
+    monkeypatch.setenv("AGENT_REALTIME_PLUGIN", "livekit-openai")
+    model = realtime_model(AgentSettings())
+    assert isinstance(model, openai.realtime.RealtimeModel)
+    assert model._opts.base_url == "ws://10.0.0.5:9000/v1/realtime"
+    assert model._opts.turn_detection is None and not model.capabilities.turn_detection
+    assert model._opts.input_audio_transcription is not None
+    monkeypatch.setenv("AGENT_INPUT_TRANSCRIPTION", "false")
+    assert realtime_model(AgentSettings())._opts.input_audio_transcription is None
+    monkeypatch.setenv("AGENT_REALTIME_PLUGIN", "openai")
+    with pytest.raises(ValidationError, match="AGENT_REALTIME_PLUGIN"):
+        AgentSettings()

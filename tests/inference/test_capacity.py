@@ -1,0 +1,89 @@
+"""The worker's default capacity (inference/capacity.py): MAX_SESSIONS and the reference engine's
+KV slots from the measured steady calls for the GPU and model family it finds, a smaller
+figure for a GPU nobody measured, and whatever is set by hand left as it is."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import pytest
+
+from inference import capacity
+from inference.capacity import CPU, MEASURED, OTHER_ENGINE, UNKNOWN_GPU, Capacity, capacity_for
+from inference.config import Limits, WorkerSettings
+from tests.conftest import REPO
+
+
+def test_measured_rows_name_committed_runs():
+    for (gpu, family), row in MEASURED.items():
+        runs = re.findall(r"bench/results/\S+\.log", row.source)
+        assert runs and all((REPO / run).is_file() for run in runs), row
+        # the run says it carried that many steady calls
+        text = (REPO / runs[0]).read_text()
+        assert f"calls per GPU (steady, gap-free): {row.calls}" in text, row
+        assert gpu in text
+
+
+def test_the_gpu_and_family_pick_the_row():
+    assert capacity_for("reference", "cuda", "NVIDIA H200", "qwen2.5-omni").calls == 16
+    assert capacity_for("reference", "cuda:1", "NVIDIA H200", "qwen3-omni").calls == 24
+    assert capacity_for("reference", "cuda", "NVIDIA H200 NVL", "qwen2.5-omni") is UNKNOWN_GPU
+    assert capacity_for("reference", "cuda", "NVIDIA L4", "qwen3-omni") is UNKNOWN_GPU
+    assert capacity_for("reference", "cpu", None, "qwen2.5-omni") is CPU
+    assert capacity_for("vllm-omni", "cuda", "NVIDIA H200", None) is OTHER_ENGINE
+
+
+def test_an_unknown_gpu_is_given_less_than_any_measured_one():
+    assert 1 <= UNKNOWN_GPU.calls < min(row.calls for row in MEASURED.values())
+
+
+def test_kv_slots_hold_every_call_and_its_transcription_within_the_engine_limit():
+    from inference.engine.reference.engine import MAX_SLOTS
+
+    assert capacity.MAX_KV_SLOTS == MAX_SLOTS
+    assert capacity.kv_slots_for(16) == 32 and capacity.kv_slots_for(24) == 48
+    assert capacity.kv_slots_for(40) == MAX_SLOTS
+
+
+def test_apply_fills_in_only_what_is_not_set(monkeypatch, caplog):
+    monkeypatch.setattr(capacity, "detect", lambda engine, model, device: ("cuda", "NVIDIA H200", "qwen3-omni"))
+    settings = WorkerSettings(model="some/Qwen3-Omni", limits=Limits())
+    with caplog.at_level(logging.INFO, logger="inference.capacity"):
+        line = capacity.apply(settings)
+    assert settings.limits.max_sessions == 24 and settings.engine_extra["kv_slots"] == 48
+    assert line in caplog.text and "24 sessions" in line and "qwen3-omni-run5-chunk4.log" in line
+
+    # sessions set by hand: the KV slots follow them, and nothing is looked up
+    monkeypatch.setattr(capacity, "detect", None)
+    by_hand = WorkerSettings(limits=Limits(max_sessions=3))
+    assert "set by MAX_SESSIONS" in capacity.apply(by_hand)
+    assert by_hand.limits.max_sessions == 3 and by_hand.engine_extra["kv_slots"] == 6
+    given = WorkerSettings(limits=Limits(max_sessions=3), engine_extra={"kv_slots": 5})
+    capacity.apply(given)
+    assert given.limits.max_sessions == 3 and given.engine_extra["kv_slots"] == 5
+
+
+def test_other_engines_get_no_kv_slots(monkeypatch):
+    settings = WorkerSettings(engine="vllm-omni", limits=Limits())
+    capacity.apply(settings)
+    assert settings.limits.max_sessions == OTHER_ENGINE.calls and "kv_slots" not in settings.engine_extra
+
+
+def test_the_env_still_sets_max_sessions(monkeypatch):
+    monkeypatch.setenv("OMNI_LIMIT_MAX_SESSIONS", "7")
+    assert Limits().max_sessions == 7
+    monkeypatch.setenv("OMNI_LIMIT_MAX_SESSIONS", "")  # docker-compose's when .env leaves it out
+    assert Limits().max_sessions is None
+    monkeypatch.delenv("OMNI_LIMIT_MAX_SESSIONS")
+    assert Limits().max_sessions is None
+    with pytest.raises(ValueError):
+        Limits(max_sessions=0)
+
+
+def test_this_machine_resolves_to_a_row():
+    """detect() on this machine (a CPU here, a GPU on a GPU host): the figure for what it finds."""
+    device, gpu, family = capacity.detect("reference", "tiny-random", "auto")
+    assert family == "qwen2.5-omni"
+    chosen = capacity_for("reference", device, gpu, family)
+    assert chosen is (CPU if device == "cpu" else MEASURED.get((gpu, family), UNKNOWN_GPU))
