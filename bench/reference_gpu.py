@@ -47,8 +47,9 @@ batch bucket, ODE solves per (steps, batch, frames), vocoder chunks), in millise
 
 `--variants` runs several engine configurations over the one model (the first at every
 level, the others at `--variant-sessions`, default the first level; see VARIANTS). `--check`
-first runs tiny-random in float32 on the GPU eagerly (no graphs, nothing compiled) and as
-configured (CUDA graphs, compiled steps) and compares the replies (greedy talker): text and
+first runs tiny-random in float32 on the GPU eagerly (no graphs, nothing compiled, the
+vocoder's activations as modules) and as configured (CUDA graphs, compiled steps, the fused
+vocoder kernel) and compares the replies (greedy talker): text and
 codes must be equal and the audio within CHECK_AUDIO_TOLERANCE.
 
 Sizes: the thinker and audio encoder are the 7B checkpoint's (transformers' defaults match
@@ -97,7 +98,9 @@ SPEAKER_REF_FRAMES = 300
 
 VARIANTS = {
     "default": {},
-    "eager": dict(cuda_graphs=False, compile=False),
+    # transformers' modules as they are: the check's reference
+    "eager": dict(cuda_graphs=False, compile=False, fused_vocoder=False),
+    "modules-vocoder": dict(fused_vocoder=False),  # the vocoder's activations as modules
     "no-compile": dict(compile=False),               # CUDA graphs of the eager modules
     "chunk1": dict(chunk_blocks=1, ramp_chunks=0),  # every chunk 0.24 s (the cuda default before 2026-12-02)
     "chunk2-ramp2": dict(chunk_blocks=2, ramp_chunks=2),  # the cuda default
