@@ -100,6 +100,10 @@ def prewarm(proc: JobProcess) -> None:
     """Load the VAD's weights (native silero, livekit-local-inference) once per job process,
     before a call arrives. The turn detector's are in the inference process (turn_detector.py)."""
     init_vad()
+    if settings().realtime_plugin == "livekit-openai":
+        # as an agent built on it imports it up front: its import (the openai package's types)
+        # blocked a job's loop for seconds when it came with the first call
+        import livekit.plugins.openai  # noqa: F401
 
 
 def build_vad(config: AgentSettings) -> SpeechLengthVAD:

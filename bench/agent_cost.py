@@ -385,8 +385,8 @@ def compare(runs: list[Run]) -> str:
         cells = []
         for plugin in plugins:
             mine = [r for r in runs if r.plugin == plugin and r.calls == calls]
-            cells.append(f"{pct(statistics.median(r.agent_per_call() for r in mine)):>12} "
-                         f"({pct(statistics.median(r.per_call('job') for r in mine)):>5}) "
+            job = f"({pct(statistics.median(r.per_call('job') for r in mine))})" if mine else ""
+            cells.append(f"{pct(statistics.median(r.agent_per_call() for r in mine)):>8} {job:>7} "
                          f"n={len(mine)}" if mine else f"{'-':>22}")
         lines.append(f"{calls:>5} | " + " | ".join(cells))
     largest = max(r.calls for r in runs)

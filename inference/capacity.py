@@ -10,10 +10,12 @@ follow from the row for the GPU it finds:
 - MAX_SESSIONS (`--max-sessions`, `OMNI_LIMIT_MAX_SESSIONS`): the measured calls. One session
   more is refused with 503 `capacity_exceeded` (the refusal point), and `/health` reports it
   as the capacity the agent divides its load by.
-- The reference engine's KV slots (`--engine-option kv_slots=N`): twice the sessions (as
-  measured or as set), at most the engine's 64. Each call keeps one slot between its turns
-  (its conversation's prefix cache) and may need a second while its turn is transcribed in
-  the background; the context of each slot is then sized from the GPU's memory as before.
+- The reference engine's KV slots on a GPU: it aims at twice the sessions (as measured or as
+  set), at most its 64 (`target_kv_slots`), sized from the GPU's memory as before: the longest
+  context those slots fit, and fewer slots where not even 4096 tokens each fit. Each call
+  keeps one slot between its turns (its conversation's prefix cache) and may need a second
+  while its turn is transcribed in the background. `--engine-option kv_slots=N` or
+  `context_tokens=N` size the pool by hand instead.
 
 A GPU without a row gets UNKNOWN_GPU, half the smallest measured figure: the benchmark on that
 GPU (and a row here) gives its own. A CPU gets CPU (tiny-random for development; a real model
@@ -96,7 +98,7 @@ def choose(engine: str, model: str, device: str) -> Capacity:
 
 def apply(settings) -> str:
     """Fill in what `settings` (WorkerSettings) leave unset: MAX_SESSIONS from the measured
-    capacity, the reference engine's kv_slots from the sessions admitted. Returns (and logs)
+    capacity, the reference engine's target_kv_slots from the sessions admitted. Returns (and logs)
     the start-up line that says which figures were used and where they come from."""
     limits, extra = settings.limits, settings.engine_extra
     if limits.max_sessions is None:
@@ -106,10 +108,11 @@ def apply(settings) -> str:
     else:
         line = f"capacity: {limits.max_sessions} sessions (set by MAX_SESSIONS)"
     if settings.engine == "reference":
-        if "kv_slots" not in extra:
-            extra["kv_slots"] = kv_slots_for(limits.max_sessions)
-            line += f", {extra['kv_slots']} KV slots (two a session)"
+        if "kv_slots" in extra or "context_tokens" in extra:
+            line += ", KV slots as kv_slots / context_tokens set them"
         else:
-            line += f", {extra['kv_slots']} KV slots (set by kv_slots)"
+            extra.setdefault("target_kv_slots", kv_slots_for(limits.max_sessions))
+            line += (f", KV slots: {extra['target_kv_slots']} aimed at on a GPU (two a session; "
+                     "fewer where its memory does not fit them)")
     log.info(line)
     return line

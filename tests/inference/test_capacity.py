@@ -51,23 +51,43 @@ def test_apply_fills_in_only_what_is_not_set(monkeypatch, caplog):
     settings = WorkerSettings(model="some/Qwen3-Omni", limits=Limits())
     with caplog.at_level(logging.INFO, logger="inference.capacity"):
         line = capacity.apply(settings)
-    assert settings.limits.max_sessions == 24 and settings.engine_extra["kv_slots"] == 48
+    assert settings.limits.max_sessions == 24 and settings.engine_extra["target_kv_slots"] == 48
+    assert "kv_slots" not in settings.engine_extra  # a preference: a smaller GPU takes fewer
     assert line in caplog.text and "24 sessions" in line and "qwen3-omni-run5-chunk4.log" in line
 
     # sessions set by hand: the KV slots follow them, and nothing is looked up
     monkeypatch.setattr(capacity, "detect", None)
     by_hand = WorkerSettings(limits=Limits(max_sessions=3))
     assert "set by MAX_SESSIONS" in capacity.apply(by_hand)
-    assert by_hand.limits.max_sessions == 3 and by_hand.engine_extra["kv_slots"] == 6
-    given = WorkerSettings(limits=Limits(max_sessions=3), engine_extra={"kv_slots": 5})
-    capacity.apply(given)
-    assert given.limits.max_sessions == 3 and given.engine_extra["kv_slots"] == 5
+    assert by_hand.limits.max_sessions == 3 and by_hand.engine_extra["target_kv_slots"] == 6
+    for sized in ({"kv_slots": 5}, {"context_tokens": 8192}):  # the pool sized by hand
+        given = WorkerSettings(limits=Limits(max_sessions=3), engine_extra=dict(sized))
+        capacity.apply(given)
+        assert given.limits.max_sessions == 3 and given.engine_extra == sized
 
 
 def test_other_engines_get_no_kv_slots(monkeypatch):
     settings = WorkerSettings(engine="vllm-omni", limits=Limits())
     capacity.apply(settings)
-    assert settings.limits.max_sessions == OTHER_ENGINE.calls and "kv_slots" not in settings.engine_extra
+    assert settings.limits.max_sessions == OTHER_ENGINE.calls and settings.engine_extra == {}
+
+
+def test_a_target_of_slots_is_a_preference_the_memory_decides():
+    """The engine aims at the target on a GPU; where even 4096 tokens each do not fit, it takes
+    fewer slots instead of refusing to start (kv_slots=N would refuse)."""
+    from inference.engine import EngineError
+    from inference.engine.reference.engine import size_kv
+
+    mb = 1 << 20
+    thinker, talker, codes = 57 * 1024, 49 * 1024, 3004  # 7B-like, a minute of speech
+    h200 = size_kv(60 * 1024 * mb, thinker, talker, codes, target_slots=capacity.kv_slots_for(16))
+    assert h200 == size_kv(60 * 1024 * mb, thinker, talker, codes)  # 32: the engine's own default
+    fewer = size_kv(60 * 1024 * mb, thinker, talker, codes, target_slots=16)
+    assert 16 <= fewer.slots < h200.slots and fewer.context_tokens > h200.context_tokens
+    small = size_kv(4 * 1024 * mb, thinker, talker, codes, target_slots=capacity.kv_slots_for(UNKNOWN_GPU.calls))
+    assert small.context_tokens == 4096 and 1 <= small.slots < capacity.kv_slots_for(UNKNOWN_GPU.calls)
+    with pytest.raises(EngineError):
+        size_kv(4 * 1024 * mb, thinker, talker, codes, slots=capacity.kv_slots_for(UNKNOWN_GPU.calls))
 
 
 def test_the_env_still_sets_max_sessions(monkeypatch):

@@ -88,11 +88,11 @@ class KVSizing:
 
 def size_kv(budget_bytes: int, thinker_token_bytes: int, talker_token_bytes: int, speech_codes: int, *,
             slots: int | None = None, context_tokens: int | None = None,
-            model_context_tokens: int = MODEL_CONTEXT_TOKENS) -> KVSizing:
+            model_context_tokens: int = MODEL_CONTEXT_TOKENS, target_slots: int = GPU_TARGET_SLOTS) -> KVSizing:
     """Split a KV memory budget into slots (calls at once) and context (memory of each).
 
     A slot holds `context` thinker tokens and `context + speech_codes` talker tokens. What is
-    given stays; what is not comes from the budget: with neither, GPU_TARGET_SLOTS slots with
+    given stays; what is not comes from the budget: with neither, `target_slots` slots with
     the longest context they fit (a multiple of CONTEXT_STEP, at most the model's limit, at
     least MIN_CONTEXT_TOKENS, where fewer slots fit), then as many slots as fit that context.
     """
@@ -105,7 +105,7 @@ def size_kv(budget_bytes: int, thinker_token_bytes: int, talker_token_bytes: int
         return min(model_context_tokens, room // CONTEXT_STEP * CONTEXT_STEP)
 
     if context_tokens is None:
-        context_tokens = max(context_for(slots or GPU_TARGET_SLOTS), min(MIN_CONTEXT_TOKENS, model_context_tokens))
+        context_tokens = max(context_for(slots or target_slots), min(MIN_CONTEXT_TOKENS, model_context_tokens))
     if slots is None:
         slots = min(MAX_SLOTS, budget_bytes // slot_bytes(context_tokens))
     if slots < 1 or slots * slot_bytes(context_tokens) > budget_bytes:
@@ -134,6 +134,9 @@ class ReferenceEngine(OmniEngine):
         own limit (32,768 for Qwen2.5-Omni), never under 4096 (then fewer slots); with more
         memory than 32 slots of the model's limit take, more slots (at most 64). Given one,
         the other is sized from memory. One log line at start-up says what was chosen.
+      target_kv_slots: the slots aimed at on cuda when neither kv_slots nor context_tokens
+        is given, in place of 32: a preference, where fewer fit at 4096 tokens fewer are
+        taken (the worker sets it from its sessions: inference/capacity.py).
       kv_memory_fraction: share of the free GPU memory after loading the KV pool may take
         (default 0.5; the rest is for activations and graphs).
       prefill_chunk_tokens: prompt tokens prefilled per loop step (default 512 on cuda, 256 on
@@ -224,7 +227,8 @@ class ReferenceEngine(OmniEngine):
     name = "reference"
 
     def __init__(self, model: str, *, device: str = "auto", dtype: str = "auto",
-                 kv_slots: int | None = None, kv_memory_fraction: float = 0.5,
+                 kv_slots: int | None = None, target_kv_slots: int = GPU_TARGET_SLOTS,
+                 kv_memory_fraction: float = 0.5,
                  context_tokens: int | None = None, prefill_chunk_tokens: int | None = None,
                  max_waiting: int | None = None, max_queue_wait_s: float = 10.0,
                  playback_margin_s: float = 0.5, token2wav_interval_s: float = 0.25,
@@ -255,6 +259,9 @@ class ReferenceEngine(OmniEngine):
         self.compile_cache_dir = compile_cache_dir
         if kv_slots is not None and not 1 <= kv_slots <= MAX_SLOTS:
             raise ValueError(f"kv_slots must be between 1 and {MAX_SLOTS}")
+        if not 1 <= target_kv_slots <= MAX_SLOTS:
+            raise ValueError(f"target_kv_slots must be between 1 and {MAX_SLOTS}")
+        self.target_kv_slots = target_kv_slots
         self.family = family_for(model)
         tiny = model in ("tiny-random", QWEN3_TINY)
         reply_defaults = TINY_RANDOM_REPLY if tiny else REPLY
@@ -372,7 +379,7 @@ class ReferenceEngine(OmniEngine):
         sizing = size_kv(
             int(free * self.kv_memory_fraction), kv_bytes_per_token(text_config, self.dtype),
             kv_bytes_per_token(talker_config, self.dtype), speech_codes, slots=self.kv_slots,
-            context_tokens=self.context_tokens,
+            context_tokens=self.context_tokens, target_slots=self.target_kv_slots,
             model_context_tokens=getattr(text_config, "max_position_embeddings", None) or MODEL_CONTEXT_TOKENS)
         logger.info("KV memory: %d slots of %d tokens of context, %.2f GB a slot, %.1f of %.1f GB free "
                     "(kv_memory_fraction %g); more slots carry more calls at once, a longer context "
