@@ -53,7 +53,7 @@ def test_apply_fills_in_only_what_is_not_set(monkeypatch, caplog):
         line = capacity.apply(settings)
     assert settings.limits.max_sessions == 24 and settings.engine_extra["target_kv_slots"] == 48
     assert "kv_slots" not in settings.engine_extra  # a preference: a smaller GPU takes fewer
-    assert line in caplog.text and "24 sessions" in line and "qwen3-omni-run5-chunk4.log" in line
+    assert line in caplog.text and "24 sessions" in line and "qwen3-omni-run6.log" in line
 
     # sessions set by hand: the KV slots follow them, and nothing is looked up
     monkeypatch.setattr(capacity, "detect", None)
