@@ -12,11 +12,17 @@ The tools work for any caller where that makes sense: `end_call` removes the cal
 room (for a phone, LiveKit's SIP service hangs up with a BYE); `transfer_call` asks LiveKit to
 transfer a phone caller to AGENT_TRANSFER_TO (a SIP REFER to the caller's side); a refusal
 comes back to the model as a tool error and to the log and the room as one line each.
+
+Calls that no trunk accepts reach the agent too, when the catch-all rule of
+deploy/sip/refuse-rule.json is in place: its job metadata `{"refuse": "<reason>"}` makes the
+job refuse the call (`refuse_call`: one log line, then the room is deleted and LiveKit SIP
+answers the ringing phone 486 Busy Here) instead of LiveKit leaving it ringing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -46,6 +52,30 @@ def parse_key_actions(text: str) -> dict[str, str]:
             raise ValueError(f"{part!r}: unknown action {action!r} (known: {', '.join(ACTIONS)})")
         actions[key] = action
     return actions
+
+
+def refusal_reason(job_metadata: str) -> str | None:
+    """The reason a dispatch rule gives for refusing its calls (the job's metadata
+    `{"refuse": "<reason>"}`, deploy/sip/refuse-rule.json), or None for a call to answer. Other
+    metadata, JSON or not, is not a refusal."""
+    try:
+        data = json.loads(job_metadata) if job_metadata else None
+    except json.JSONDecodeError:
+        return None
+    reason = data.get("refuse") if isinstance(data, dict) else None
+    return str(reason) if reason else None
+
+
+async def refuse_call(lk: api.LiveKitAPI, room_name: str, reason: str) -> None:
+    """Say in one log line which call is refused and why, then delete its room: LiveKit SIP then
+    ends the ringing call with 486 Busy Here. Needs no connection to the room."""
+    listed = await lk.room.list_participants(api.ListParticipantsRequest(room=room_name))
+    caller = next((p for p in listed.participants if "sip.callID" in p.attributes), None)
+    attrs = dict(caller.attributes) if caller else {}
+    log.warning("refused a phone call from %s to %s (call %s, room %s): %s",
+                attrs.get("sip.phoneNumber", "an unknown number"), attrs.get("sip.trunkPhoneNumber", "?"),
+                attrs.get("sip.callID", "?"), room_name, reason)
+    await lk.room.delete_room(api.DeleteRoomRequest(room=room_name))
 
 
 class PhoneCall:
