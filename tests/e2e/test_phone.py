@@ -15,9 +15,10 @@ the room and the agent:
   (bound to `#` here) ends the call from its side;
 - the agent's transfer tool (bound to `0`) transfers the caller to a second phone, and says
   clearly when the transfer fails (nobody answers at the target);
-- calls that cannot be answered are not put through, each with one log line: a number on no
-  trunk (LiveKit drops it without a final answer, on purpose), and a number whose agent never
-  comes (the trunk's ringing timeout ends it with a SIP error).
+- calls that cannot be answered end with a busy (486) within seconds, each with one log line
+  naming the cause: a number on no trunk (the catch-all rule's refusal by the agent), and a
+  number whose agent never comes (the trunk's ringing timeout); a SIP service that cannot
+  start stops the stack with its reason on the error's first line.
 
 The agent's model gets 16 kHz whatever the phone sends (agent.py's room options) and sends
 24 kHz; LiveKit's SIP service converts both ways to G.711's 8 kHz.
@@ -35,7 +36,17 @@ import pytest
 from livekit import api
 
 from .caller import Caller, load_wav
-from .conftest import NO_AGENT_NUMBER, TRANSFER_TARGET, TRANSFER_TARGET_PORT, TRUNK_NUMBER, PhoneStack
+from scripts.stack import Stack, StackError, livekit_sip
+from tests.conftest import free_port
+
+from .conftest import (
+    NO_AGENT_NUMBER,
+    TRANSFER_TARGET,
+    TRANSFER_TARGET_PORT,
+    TRUNK_NUMBER,
+    PhoneStack,
+    require_phone_line,
+)
 from .phone import VOICE_RMS, Phone, Script
 
 pytestmark = pytest.mark.e2e
@@ -232,29 +243,50 @@ async def test_transfer_goes_to_a_second_phone_and_fails_clearly_without_one(pho
         await observer.aclose()
 
 
-async def test_calls_that_cannot_be_answered_are_not_put_through(phone_stack: PhoneStack,
-                                                                      phones: list[Phone], tmp_path: Path) -> None:
-    # a number on no trunk: LiveKit drops it (no final answer: against SIP scanners, by design)
-    # and the SIP service logs one line saying so; the call is never put through
+async def test_calls_that_cannot_be_answered_end_busy_with_one_line_naming_the_cause(
+        phone_stack: PhoneStack, phones: list[Phone], tmp_path: Path) -> None:
+    # a number on no trunk: the catch-all rule (deploy/sip/refuse-rule.json) sends it to the
+    # agent, which logs why and deletes the room; the phone gets a busy within seconds (without
+    # that rule LiveKit would leave it ringing until the phone gave up)
     stranger = new_phone(phones, tmp_path, "+15550007")
-    stranger.start(Script().pause(30), dial=phone_stack.dial_uri("+15105559999"))
-    deadline = time.monotonic() + 10
-    dropped: list[str] = []
-    while time.monotonic() < deadline and not dropped:
-        dropped = [line for line in phone_stack.log_lines("sip")
-                   if "Closing inbound call" in line and "+15105559999" in line and '"flood"' in line]
-        await asyncio.sleep(0.1)
-    assert dropped, "the SIP service did not say why it refused the call"
+    started = time.time()
+    stranger.start(Script().pause(60), dial=phone_stack.dial_uri("+15105559999"))
+    over, line = await asyncio.to_thread(stranger.wait_call_over, 20)
+    print(f"\nno trunk: {line} after {over - started:.1f} s")
+    assert "486" in line, f"not a busy: {stranger.transcript()}"
     assert not stranger.find("Call established")
-    stranger.hang_up()
+    assert over - started < 10
+    refused = [line for line in phone_stack.log_lines("phone-agent")
+               if "refused a phone call from +15550007 to +15105559999" in line]
+    assert len(refused) == 1, refused
+    assert "no inbound trunk accepts this number from this address" in refused[0]
 
-    # a trunk whose rule names an agent nobody runs: rings for the trunk's 5 s, then ends
+    # a trunk whose rule names an agent nobody runs: rings for the trunk's 5 s, then a busy,
+    # and the SIP service says it gave up waiting for the room (`cannot-subscribe`)
     lonely = new_phone(phones, tmp_path, "+15550008")
     started = time.time()
     lonely.start(Script().pause(60), dial=phone_stack.dial_uri(NO_AGENT_NUMBER))
     over, line = await asyncio.to_thread(lonely.wait_call_over, 30)
     print(f"no agent: {line} after {over - started:.1f} s")
+    assert "486" in line, f"not a busy: {lonely.transcript()}"
     assert not lonely.find("Call established")
     assert over - started < 15
+    gave_up = [line for line in phone_stack.log_lines("sip")
+               if "Closing inbound call with error" in line and "+15550008" in line]
+    assert len(gave_up) == 1 and '"reason": "cannot-subscribe"' in gave_up[0], gave_up
     with suppress(Exception):
         lonely.stop()
+
+
+def test_a_sip_service_that_cannot_start_says_why_in_one_line(tmp_path: Path) -> None:
+    """No Redis where LiveKit SIP looks for it: it stops at once, and the stack's error (what
+    ./scripts/dev --sip prints) names the cause on its first line."""
+    require_phone_line()
+    stack = Stack(echo=None, log_dir=tmp_path)
+    with pytest.raises(StackError) as failed:
+        stack.start(livekit_sip(livekit_url="ws://127.0.0.1:1", redis_port=free_port(), sip_port=free_port(),
+                                rtp_ports=(17420, 17430)))
+    stack.stop()
+    first_line = str(failed.value).splitlines()[0]
+    assert first_line.startswith("sip exited with code"), first_line
+    assert "unable to connect to redis" in first_line, first_line
