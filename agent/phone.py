@@ -38,6 +38,11 @@ SIP = rtc.ParticipantKind.PARTICIPANT_KIND_SIP
 ACTIONS = ("hangup", "transfer")
 # How long `end_call` lets the agent finish what it is saying before it hangs up.
 GOODBYE_MAX_S = 10.0
+# After LiveKit reports a transfer as failed: how long the caller may take to leave the room, in
+# which case it went through after all. LiveKit SIP can report its REFER as failed ("transaction
+# failed to complete") while the phone accepted it and is already calling the target; the SIP
+# service then hangs up its leg and the caller leaves the room at once.
+TRANSFER_SETTLE_S = 2.0
 
 
 def parse_key_actions(text: str) -> dict[str, str]:
@@ -172,6 +177,11 @@ class PhoneCall:
                 transfer_to=self._transfer_to, play_dialtone=False,
                 ringing_timeout=Duration(seconds=int(self._transfer_timeout_s))))
         except api.TwirpError as e:
+            if await self._caller_left(TRANSFER_SETTLE_S):
+                log.warning("LiveKit reported the transfer of %s to %s as failed (%s: %s), but the caller left the "
+                            "room: taken as transferred", self.caller.identity, self._transfer_to, e.code, e.message)
+                self._publish("transfer", to=self._transfer_to, ok=True, error=None)
+                return f"The caller was transferred to {self._transfer_to}."
             self._transfer_failed(f"{e.code}: {e.message}")
             raise ToolError(f"the transfer to {self._transfer_to} failed: {e.message}") from None
         status = _transfer_status(response)
@@ -193,6 +203,15 @@ class PhoneCall:
             await self.transfer(reason=reason)
         except ToolError:
             pass  # logged and published already
+
+    async def _caller_left(self, within_s: float) -> bool:
+        """Whether the caller is out of the room, or leaves it within `within_s`."""
+        deadline = time.monotonic() + within_s
+        while self.caller is not None and self.caller.identity in self._room.remote_participants:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.1)
+        return True
 
     def _linked_participant(self) -> rtc.RemoteParticipant | None:
         if self._session is None:

@@ -118,10 +118,22 @@ async def test_transfer_asks_livekit_and_a_refusal_is_a_tool_error(caplog) -> No
 
     refusing = FakeLiveKit(transfer_error=api.TwirpError("unavailable", "408 request timeout", status=503))
     call, _, published = make_call(refusing, transfer_to="sip:op@127.0.0.1")
-    with pytest.raises(ToolError, match="408 request timeout"):
+    with pytest.raises(ToolError, match="408 request timeout"):  # the caller is still in the room
         await call._transfer_tool()
     assert published[-1][0] == "transfer" and published[-1][1]["ok"] is False
     assert "transfer of sip_+15550001 to sip:op@127.0.0.1 failed" in caplog.text
+
+
+async def test_a_transfer_reported_failed_while_the_caller_leaves_the_room_went_through(caplog) -> None:
+    """LiveKit SIP can report its REFER as failed although the phone took it (seen in the phone
+    tests: the caller talking to the target, the agent told "transaction failed to complete"):
+    the caller leaving the room at once is the outcome that counts."""
+    racing = FakeLiveKit(transfer_error=api.TwirpError("canceled", "transaction failed to complete", status=499))
+    call, room, published = make_call(racing, transfer_to="sip:op@127.0.0.1")
+    asyncio.get_running_loop().call_later(0.3, room.remote_participants.clear)  # the SIP leg hangs up
+    assert "transferred" in await call._transfer_tool()
+    assert published[-1] == ("transfer", {"to": "sip:op@127.0.0.1", "ok": True, "error": None})
+    assert "but the caller left the room: taken as transferred" in caplog.text
 
 
 async def test_without_a_target_there_is_no_transfer_tool_and_no_transfer() -> None:
