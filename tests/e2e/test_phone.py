@@ -51,7 +51,10 @@ from .phone import VOICE_RMS, Phone, Script
 
 pytestmark = pytest.mark.e2e
 
-ANSWER_S = 6.0  # listening after the question: the agent's first audio comes within ~1-2 s
+# Listening after the question. The agent's first audio comes 0.5-1 s after it on a quiet
+# machine, but 2-6 s late at load 8-20 on 2 cores (two calls at once, other test suites): the
+# window is what the test waits for, not a speed the agent must meet (bench/ measures that).
+ANSWER_S = 10.0
 _next_port = iter(range(17200, 17280, 8))
 
 
