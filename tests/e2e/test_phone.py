@@ -176,8 +176,10 @@ async def test_barge_in_stops_the_reply_at_the_phone(phone_stack: PhoneStack, ph
         rec = phone.recording()
         _, q_end = script.marks["question"]
         b_start, b_end = script.marks["barge-in"]
-        assert rec.voiced_seconds_between(b_start - 1.0, b_start) > 0.8, \
-            "the agent was not talking when the caller barged in"
+        # half of the second before it voiced: the agent was talking (a quiet machine: all of
+        # it; a loaded one sends the reply in bursts)
+        talking = rec.voiced_seconds_between(b_start - 1.0, b_start)
+        assert talking >= 0.5, f"the agent was not talking when the caller barged in ({talking:.2f} s of 1 s)"
         # The reply stops at the phone while the caller is still talking (the agent pauses
         # after 0.15 s of speech and takes the turn at 0.4 s; then the audio in flight).
         stopped = rec.voice_stops_after(b_start)
