@@ -60,7 +60,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--worker-port", type=int, default=8000)
     p.add_argument("--web-port", type=int, default=8080)
     p.add_argument("--no-web", action="store_true", help="do not build or serve the web page")
-    p.add_argument("--sip", action="store_true", help="a phone line: Redis, LiveKit SIP, deploy/sip/'s trunk and rule")
+    p.add_argument("--sip", action="store_true", help="a phone line: Redis, LiveKit SIP, deploy/sip/'s trunk and rules")
     p.add_argument("--sip-port", type=int, default=5060, help="LiveKit SIP's port on 127.0.0.1 (UDP and TCP)")
     p.add_argument("--redis-port", type=int, default=6379, help="the Redis that --sip starts (loopback)")
     return p.parse_args()
