@@ -60,7 +60,7 @@ from agent.barge_in import BargeInGate, SpeechLengthVAD
 from agent.config import AgentSettings
 from agent.console import check_audio_devices
 from agent.metrics import AgentMetrics
-from agent.phone import PhoneCall, parse_key_actions
+from agent.phone import PhoneCall, parse_key_actions, refusal_reason, refuse_call
 from agent.room_events import RoomEvents
 from agent.tools import ALL_TOOLS
 from agent.turn_detector import SharedTurnDetector, register as register_turn_detector
@@ -198,6 +198,11 @@ def room_options(config: AgentSettings) -> room_io.RoomOptions:
 
 
 async def entrypoint(ctx: JobContext) -> None:
+    if (reason := refusal_reason(ctx.job.metadata)) is not None:
+        # a call no trunk accepts (deploy/sip/refuse-rule.json): no session, no model
+        await refuse_call(ctx.api, ctx.job.room.name, reason)
+        ctx.shutdown(reason=f"refused: {reason}")
+        return
     config = settings()
     vad = build_vad(config)
     session = build_session(config, vad, ctx.inference_executor)

@@ -12,11 +12,17 @@ The tools work for any caller where that makes sense: `end_call` removes the cal
 room (for a phone, LiveKit's SIP service hangs up with a BYE); `transfer_call` asks LiveKit to
 transfer a phone caller to AGENT_TRANSFER_TO (a SIP REFER to the caller's side); a refusal
 comes back to the model as a tool error and to the log and the room as one line each.
+
+Calls that no trunk accepts reach the agent too, when the catch-all rule of
+deploy/sip/refuse-rule.json is in place: its job metadata `{"refuse": "<reason>"}` makes the
+job refuse the call (`refuse_call`: one log line, then the room is deleted and LiveKit SIP
+answers the ringing phone 486 Busy Here) instead of LiveKit leaving it ringing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -32,6 +38,11 @@ SIP = rtc.ParticipantKind.PARTICIPANT_KIND_SIP
 ACTIONS = ("hangup", "transfer")
 # How long `end_call` lets the agent finish what it is saying before it hangs up.
 GOODBYE_MAX_S = 10.0
+# After LiveKit reports a transfer as failed: how long the caller may take to leave the room, in
+# which case it went through after all. LiveKit SIP can report its REFER as failed ("transaction
+# failed to complete") while the phone accepted it and is already calling the target; the SIP
+# service then hangs up its leg and the caller leaves the room at once.
+TRANSFER_SETTLE_S = 2.0
 
 
 def parse_key_actions(text: str) -> dict[str, str]:
@@ -46,6 +57,30 @@ def parse_key_actions(text: str) -> dict[str, str]:
             raise ValueError(f"{part!r}: unknown action {action!r} (known: {', '.join(ACTIONS)})")
         actions[key] = action
     return actions
+
+
+def refusal_reason(job_metadata: str) -> str | None:
+    """The reason a dispatch rule gives for refusing its calls (the job's metadata
+    `{"refuse": "<reason>"}`, deploy/sip/refuse-rule.json), or None for a call to answer. Other
+    metadata, JSON or not, is not a refusal."""
+    try:
+        data = json.loads(job_metadata) if job_metadata else None
+    except json.JSONDecodeError:
+        return None
+    reason = data.get("refuse") if isinstance(data, dict) else None
+    return str(reason) if reason else None
+
+
+async def refuse_call(lk: api.LiveKitAPI, room_name: str, reason: str) -> None:
+    """Say in one log line which call is refused and why, then delete its room: LiveKit SIP then
+    ends the ringing call with 486 Busy Here. Needs no connection to the room."""
+    listed = await lk.room.list_participants(api.ListParticipantsRequest(room=room_name))
+    caller = next((p for p in listed.participants if "sip.callID" in p.attributes), None)
+    attrs = dict(caller.attributes) if caller else {}
+    log.warning("refused a phone call from %s to %s (call %s, room %s): %s",
+                attrs.get("sip.phoneNumber", "an unknown number"), attrs.get("sip.trunkPhoneNumber", "?"),
+                attrs.get("sip.callID", "?"), room_name, reason)
+    await lk.room.delete_room(api.DeleteRoomRequest(room=room_name))
 
 
 class PhoneCall:
@@ -142,6 +177,11 @@ class PhoneCall:
                 transfer_to=self._transfer_to, play_dialtone=False,
                 ringing_timeout=Duration(seconds=int(self._transfer_timeout_s))))
         except api.TwirpError as e:
+            if await self._caller_left(TRANSFER_SETTLE_S):
+                log.warning("LiveKit reported the transfer of %s to %s as failed (%s: %s), but the caller left the "
+                            "room: taken as transferred", self.caller.identity, self._transfer_to, e.code, e.message)
+                self._publish("transfer", to=self._transfer_to, ok=True, error=None)
+                return f"The caller was transferred to {self._transfer_to}."
             self._transfer_failed(f"{e.code}: {e.message}")
             raise ToolError(f"the transfer to {self._transfer_to} failed: {e.message}") from None
         status = _transfer_status(response)
@@ -163,6 +203,15 @@ class PhoneCall:
             await self.transfer(reason=reason)
         except ToolError:
             pass  # logged and published already
+
+    async def _caller_left(self, within_s: float) -> bool:
+        """Whether the caller is out of the room, or leaves it within `within_s`."""
+        deadline = time.monotonic() + within_s
+        while self.caller is not None and self.caller.identity in self._room.remote_participants:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.1)
+        return True
 
     def _linked_participant(self) -> rtc.RemoteParticipant | None:
         if self._session is None:

@@ -252,7 +252,8 @@ def check_sip_requests(problems: Problems) -> None:
     from livekit.protocol import sip
 
     requests = {"inbound-trunk.json": sip.CreateSIPInboundTrunkRequest,
-                "dispatch-rule.json": sip.CreateSIPDispatchRuleRequest}
+                "dispatch-rule.json": sip.CreateSIPDispatchRuleRequest,
+                "refuse-rule.json": sip.CreateSIPDispatchRuleRequest}
     for name, message in requests.items():
         path = REPO / "deploy" / "sip" / name
         try:

@@ -60,7 +60,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--worker-port", type=int, default=8000)
     p.add_argument("--web-port", type=int, default=8080)
     p.add_argument("--no-web", action="store_true", help="do not build or serve the web page")
-    p.add_argument("--sip", action="store_true", help="a phone line: Redis, LiveKit SIP, deploy/sip/'s trunk and rule")
+    p.add_argument("--sip", action="store_true", help="a phone line: Redis, LiveKit SIP, deploy/sip/'s trunk and rules")
     p.add_argument("--sip-port", type=int, default=5060, help="LiveKit SIP's port on 127.0.0.1 (UDP and TCP)")
     p.add_argument("--redis-port", type=int, default=6379, help="the Redis that --sip starts (loopback)")
     return p.parse_args()
@@ -81,12 +81,14 @@ def ensure_livekit_sip() -> None:
 
 
 def provision_phone_line(livekit_url: str, agent_name: str) -> None:
-    from scripts.sip_provision import http_url, provision_at, rule_request, trunk_request
+    from scripts.sip_provision import http_url, provision_at, refuse_rule_request, rule_request, trunk_request
 
     done = asyncio.run(provision_at(http_url(livekit_url), DEV_API_KEY, DEV_API_SECRET,
                                     trunk=trunk_request(allowed_addresses=["127.0.0.1/32"]),
-                                    rule=rule_request(agent_name=agent_name)))
-    say(f"phone line: trunk {done.trunk_id} for {', '.join(done.numbers)}, rule {done.rule_id} → agent {agent_name}")
+                                    rule=rule_request(agent_name=agent_name),
+                                    refuse_rule=refuse_rule_request(agent_name=agent_name)))
+    say(f"phone line: trunk {done.trunk_id} for {', '.join(done.numbers)}, rule {done.rule_id} → agent {agent_name}; "
+        f"calls to other numbers or from other addresses are refused (busy) by the agent")
 
 
 def can_serve_web() -> bool:
@@ -157,7 +159,7 @@ def main() -> int:
         print(flush=True)
 
         exited = wait_until_a_part_exits(stack)
-        say(f"{exited} exited unexpectedly; stopping the rest")
+        say(f"{exited} exited unexpectedly ({stack.processes[exited].last_words()}); stopping the rest")
         return 1
     except StackError as e:
         say(f"error: {e}")

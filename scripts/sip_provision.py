@@ -1,10 +1,19 @@
-"""Create the inbound SIP trunk and the dispatch rule of deploy/sip/ on a LiveKit server, with
+"""Create the inbound SIP trunk and the dispatch rules of deploy/sip/ on a LiveKit server, with
 livekit-api (LiveKit's SIP API, served by the LiveKit server once its SIP service is attached
 through Redis).
+
+Two rules: the trunk's own (each caller in a room of their own, the agent dispatched there),
+and a catch-all for calls that no trunk accepts (`refuse-rule.json`). Without it LiveKit sends
+such a call 180 Ringing and then nothing, on purpose (SIP scanners learn nothing), so the
+caller's phone rings until it gives up by itself; with it the call goes to a room of its own,
+the agent logs one line naming the caller, the number called and the reason, and deletes the
+room, and LiveKit SIP answers the phone `486 Busy Here` (agent/phone.py, `refuse_call`).
+`--no-refuse-rule` keeps LiveKit's silent drop.
 
     python -m scripts.sip_provision                      # LIVEKIT_URL / LIVEKIT_API_KEY / LIVEKIT_API_SECRET
     python -m scripts.sip_provision --replace            # delete trunks and rules of the same names first
     python -m scripts.sip_provision --allowed-address 127.0.0.1/32   # local phones instead of the provider's
+    python -m scripts.sip_provision --no-refuse-rule     # calls no trunk accepts: LiveKit's silent drop
 
 `scripts/dev --sip` and the phone tests call `provision()` with the loopback overrides: the
 trunk accepts calls from 127.0.0.1 for the trunk's number, and the rule dispatches the named
@@ -29,6 +38,7 @@ from scripts.stack import REPO
 
 TRUNK_FILE = REPO / "deploy" / "sip" / "inbound-trunk.json"
 RULE_FILE = REPO / "deploy" / "sip" / "dispatch-rule.json"
+REFUSE_RULE_FILE = REPO / "deploy" / "sip" / "refuse-rule.json"
 
 
 @dataclass
@@ -37,6 +47,7 @@ class Provisioned:
     rule_id: str
     numbers: list[str]
     agent_names: list[str]
+    refuse_rule_id: str | None = None
 
 
 def trunk_request(path: Path = TRUNK_FILE, *, allowed_addresses: list[str] | None = None,
@@ -67,27 +78,51 @@ def rule_request(path: Path = RULE_FILE, *, agent_name: str | None = None,
     return request
 
 
+def refuse_rule_request(path: Path = REFUSE_RULE_FILE, *,
+                        agent_name: str | None = None) -> sip.CreateSIPDispatchRuleRequest:
+    """The catch-all rule for calls no trunk accepts (no trunk ids: LiveKit uses it only when
+    no rule of a matching trunk applies); `agent_name`: the agent that refuses them, with the
+    file's job metadata (the reason it logs)."""
+    request = json_format.ParseDict(json.loads(path.read_text()), sip.CreateSIPDispatchRuleRequest())
+    agents = request.dispatch_rule.room_config.agents
+    if len(agents) != 1 or "refuse" not in json.loads(agents[0].metadata or "{}"):
+        raise ValueError(f"{path}: expected one agent whose metadata is {{\"refuse\": \"<reason>\"}}")
+    if request.dispatch_rule.trunk_ids:
+        raise ValueError(f"{path}: the refusing rule must name no trunk (it is for calls no trunk accepts)")
+    if agent_name is not None:
+        agents[0].agent_name = agent_name
+    return request
+
+
 async def provision(lk: api.LiveKitAPI, *, trunk: sip.CreateSIPInboundTrunkRequest,
-                    rule: sip.CreateSIPDispatchRuleRequest, replace: bool = False) -> Provisioned:
-    """Create the trunk, then the rule bound to it. `replace`: first delete the trunks and rules
-    that carry the same names (so running it again does not leave two that match a call)."""
+                    rule: sip.CreateSIPDispatchRuleRequest,
+                    refuse_rule: sip.CreateSIPDispatchRuleRequest | None = None,
+                    replace: bool = False) -> Provisioned:
+    """Create the trunk, then the rule bound to it, then `refuse_rule` (the catch-all) if given.
+    `replace`: first delete the trunks and rules that carry the same names (so running it again
+    does not leave two that match a call)."""
     if replace:
         trunks = await lk.sip.list_inbound_trunk(sip.ListSIPInboundTrunkRequest())
         for old in trunks.items:
             if old.name == trunk.trunk.name:
                 await lk.sip.delete_trunk(sip.DeleteSIPTrunkRequest(sip_trunk_id=old.sip_trunk_id))
+        names = {rule.dispatch_rule.name} | ({refuse_rule.dispatch_rule.name} if refuse_rule else set())
         rules = await lk.sip.list_dispatch_rule(sip.ListSIPDispatchRuleRequest())
         for old_rule in rules.items:
-            if old_rule.name == rule.dispatch_rule.name:
+            if old_rule.name in names:
                 await lk.sip.delete_dispatch_rule(
                     sip.DeleteSIPDispatchRuleRequest(sip_dispatch_rule_id=old_rule.sip_dispatch_rule_id))
     created = await lk.sip.create_inbound_trunk(trunk)
     if not rule.dispatch_rule.trunk_ids:
         rule.dispatch_rule.trunk_ids.append(created.sip_trunk_id)
     created_rule = await lk.sip.create_dispatch_rule(rule)
+    refuse_rule_id = None
+    if refuse_rule is not None:
+        refuse_rule_id = (await lk.sip.create_dispatch_rule(refuse_rule)).sip_dispatch_rule_id
     return Provisioned(trunk_id=created.sip_trunk_id, rule_id=created_rule.sip_dispatch_rule_id,
                        numbers=list(created.numbers),
-                       agent_names=[a.agent_name for a in created_rule.room_config.agents])
+                       agent_names=[a.agent_name for a in created_rule.room_config.agents],
+                       refuse_rule_id=refuse_rule_id)
 
 
 async def provision_at(url: str, api_key: str, api_secret: str, **kwargs) -> Provisioned:  # noqa: ANN003
@@ -109,6 +144,10 @@ def main() -> int:
                    help="accept calls from this address or CIDR only (repeat; replaces the file's)")
     p.add_argument("--number", action="append", dest="numbers", help="the trunk's number (repeat; replaces the file's)")
     p.add_argument("--agent-name", help="the agent dispatched into each caller's room (replaces the file's)")
+    p.add_argument("--refuse-rule", type=Path, default=REFUSE_RULE_FILE,
+                   help="the catch-all rule that refuses calls no trunk accepts (CreateSIPDispatchRuleRequest)")
+    p.add_argument("--no-refuse-rule", action="store_true",
+                   help="no catch-all: LiveKit drops calls no trunk accepts without a final answer")
     p.add_argument("--replace", action="store_true", help="delete trunks and rules of the same names first")
     args = p.parse_args()
     missing = [name for name in ("LIVEKIT_URL", "LIVEKIT_API_KEY", "LIVEKIT_API_SECRET") if not os.environ.get(name)]
@@ -118,19 +157,22 @@ def main() -> int:
     try:
         trunk = trunk_request(args.trunk, allowed_addresses=args.allowed_addresses, numbers=args.numbers)
         rule = rule_request(args.rule, agent_name=args.agent_name)
-    except (OSError, json_format.ParseError, json.JSONDecodeError) as e:
+        refuse_rule = None if args.no_refuse_rule else refuse_rule_request(args.refuse_rule, agent_name=args.agent_name)
+    except (OSError, ValueError, json_format.ParseError) as e:
         print(f"sip_provision: bad request file: {e}", file=sys.stderr)
         return 2
     try:
         done = asyncio.run(provision_at(http_url(os.environ["LIVEKIT_URL"]), os.environ["LIVEKIT_API_KEY"],
                                         os.environ["LIVEKIT_API_SECRET"], trunk=trunk, rule=rule,
-                                        replace=args.replace))
+                                        refuse_rule=refuse_rule, replace=args.replace))
     except api.TwirpError as e:
         print(f"sip_provision: the LiveKit server refused: {e.code}: {e.message}"
               " (is its SIP service attached through Redis?)", file=sys.stderr)
         return 1
     print(f"inbound trunk {done.trunk_id} for {', '.join(done.numbers) or 'any number'}; "
-          f"dispatch rule {done.rule_id} → agent {', '.join(done.agent_names) or '(automatic dispatch)'}")
+          f"dispatch rule {done.rule_id} → agent {', '.join(done.agent_names) or '(automatic dispatch)'}; "
+          + (f"calls no trunk accepts: refused by the agent (rule {done.refuse_rule_id})" if done.refuse_rule_id
+             else "calls no trunk accepts: dropped by LiveKit (no final answer)"))
     return 0
 
 

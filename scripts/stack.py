@@ -112,17 +112,24 @@ class Process:
     def running(self) -> bool:
         return self.proc.poll() is None
 
+    def last_words(self) -> str:
+        """Its last line of output: where a service that gives up says why (LiveKit SIP's
+        `unable to connect to redis: ...`, a Python traceback's exception)."""
+        return next((line.strip() for line in reversed(self._tail) if line.strip()), "(no output)")
+
     def wait_ready(self) -> None:
         s = self.service
         deadline = time.monotonic() + s.ready_timeout_s
         while time.monotonic() < deadline:
             if not self.running():
-                raise StackError(f"{s.name} exited with code {self.proc.returncode} before it was ready:\n"
-                                 + "\n".join(self._tail))
+                self._pump.join(timeout=2.0)  # its last lines, which say why
+                raise StackError(f"{s.name} exited with code {self.proc.returncode} before it was ready: "
+                                 f"{self.last_words()}\n" + "\n".join(self._tail))
             if self._is_ready():
                 return
             time.sleep(0.25)
-        raise StackError(f"{s.name} not ready after {s.ready_timeout_s:.0f} s:\n" + "\n".join(self._tail))
+        raise StackError(f"{s.name} not ready after {s.ready_timeout_s:.0f} s; its last line: {self.last_words()}\n"
+                         + "\n".join(self._tail))
 
     def _is_ready(self) -> bool:
         s = self.service

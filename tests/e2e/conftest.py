@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from scripts.stack import (
+    REPO,
     TINY_RANDOM_REPLY,
     Process,
     Stack,
@@ -118,6 +119,40 @@ TRUNK_NUMBER = "+15105550100"  # deploy/sip/inbound-trunk.json's number
 NO_AGENT_NUMBER = "+15105550199"  # a second trunk whose rule names an agent nobody runs
 TRANSFER_TARGET = "+15550009"  # a second phone, the transfer target (tests/e2e/test_phone.py)
 TRANSFER_TARGET_PORT = 17290
+# LiveKit SIP's sources, where scripts/setup looks for them (CI has a copy beside the clone)
+SIP_VENDOR_DIR = Path(os.environ.get("SIP_VENDOR_DIR") or REPO / ".." / "shared" / "vendor").resolve()
+
+
+def phone_line_missing() -> list[str]:
+    """What the phone tests need and this machine lacks, one item each."""
+    from scripts.stack import find_livekit_sip
+
+    from .phone import baresip_available
+
+    missing = []
+    if find_livekit_sip() is None:
+        missing.append("LiveKit SIP (.tools/bin/livekit-sip: scripts/install-livekit-sip.sh)")
+    if shutil.which("redis-server") is None:
+        missing.append("redis-server (Debian's redis-server)")
+    if not baresip_available():
+        missing.append("baresip with its aufile module (Debian's baresip-core)")
+    return missing
+
+
+def require_phone_line(missing: list[str] | None = None, vendor_dir: Path | None = None) -> None:
+    """Skip a phone test where the phone line cannot be had (no LiveKit SIP sources beside the
+    checkout), but fail it where it can: with ../shared/vendor there, as in CI, scripts/setup
+    builds LiveKit SIP and installs Redis and baresip, so anything missing is a broken setup,
+    not a reason to pass without a single call."""
+    missing = phone_line_missing() if missing is None else missing
+    vendor_dir = SIP_VENDOR_DIR if vendor_dir is None else vendor_dir
+    if not missing:
+        return
+    what = "; ".join(missing)
+    if vendor_dir.is_dir():
+        pytest.fail(f"the phone tests cannot run: missing {what}. LiveKit SIP's sources are in {vendor_dir}, "
+                    "so scripts/setup installs all of it (as root for the Debian packages): run it", pytrace=False)
+    pytest.skip(f"phone tests: missing {what}, and no {vendor_dir} to build LiveKit SIP from (docs/sip.md)")
 
 
 @dataclass
@@ -148,17 +183,12 @@ def phone_stack(local_stack: LocalStack) -> Iterator[PhoneStack]:
     """Phone callers' side of the stack, next to `local_stack` (whose omni worker it shares):
     Redis, a second LiveKit server with Redis, LiveKit's SIP service on loopback, the trunk and
     the rule of deploy/sip/ (accepting 127.0.0.1), and an agent registered as `omni-agent`."""
-    from scripts.sip_provision import provision_at, rule_request, trunk_request
-    from scripts.stack import find_livekit_sip, livekit_sip, redis_server
-
-    from .phone import baresip_available
+    from scripts.sip_provision import provision_at, refuse_rule_request, rule_request, trunk_request
+    from scripts.stack import livekit_sip, redis_server
 
     if local_stack.processes.get("worker") is None:
         pytest.skip("the phone tests start their own LiveKit server and agent: not against E2E_* URLs")
-    if find_livekit_sip() is None:
-        pytest.skip("no LiveKit SIP binary: run scripts/install-livekit-sip.sh (needs ../shared/vendor)")
-    if shutil.which("redis-server") is None or not baresip_available():
-        pytest.skip("phone tests need Debian's redis-server and baresip-core (scripts/setup installs them)")
+    require_phone_line()
     livekit_url = f"ws://127.0.0.1:{PHONE_LIVEKIT_PORT}"
     stack = Stack(echo=None, log_dir=local_stack.log_dir, say=lambda msg: print(f"[e2e phone stack] {msg}"))
     try:
@@ -183,9 +213,11 @@ def phone_stack(local_stack: LocalStack) -> Iterator[PhoneStack]:
         agent.name = "phone-agent"
         stack.start(agent, width=11)
         http = f"http://127.0.0.1:{PHONE_LIVEKIT_PORT}"
+        # as ./scripts/dev --sip: the trunk, its rule, and the catch-all that refuses other calls
         asyncio.run(provision_at(http, "devkey", "secret",
                                  trunk=trunk_request(allowed_addresses=["127.0.0.1/32"]),
-                                 rule=rule_request(agent_name=PHONE_AGENT_NAME)))
+                                 rule=rule_request(agent_name=PHONE_AGENT_NAME),
+                                 refuse_rule=refuse_rule_request(agent_name=PHONE_AGENT_NAME)))
         # a number whose agent never comes: the call must end, not ring for ever
         no_agent_trunk = trunk_request(allowed_addresses=["127.0.0.1/32"], numbers=[NO_AGENT_NUMBER])
         no_agent_trunk.trunk.name = "no agent"

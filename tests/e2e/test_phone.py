@@ -15,9 +15,10 @@ the room and the agent:
   (bound to `#` here) ends the call from its side;
 - the agent's transfer tool (bound to `0`) transfers the caller to a second phone, and says
   clearly when the transfer fails (nobody answers at the target);
-- calls that cannot be answered are not put through, each with one log line: a number on no
-  trunk (LiveKit drops it without a final answer, on purpose), and a number whose agent never
-  comes (the trunk's ringing timeout ends it with a SIP error).
+- calls that cannot be answered end with a busy (486) within seconds, each with one log line
+  naming the cause: a number on no trunk (the catch-all rule's refusal by the agent), and a
+  number whose agent never comes (the trunk's ringing timeout); a SIP service that cannot
+  start stops the stack with its reason on the error's first line.
 
 The agent's model gets 16 kHz whatever the phone sends (agent.py's room options) and sends
 24 kHz; LiveKit's SIP service converts both ways to G.711's 8 kHz.
@@ -31,16 +32,30 @@ from collections.abc import Iterator
 from contextlib import suppress
 from pathlib import Path
 
+import numpy as np
 import pytest
 from livekit import api
 
 from .caller import Caller, load_wav
-from .conftest import NO_AGENT_NUMBER, TRANSFER_TARGET, TRANSFER_TARGET_PORT, TRUNK_NUMBER, PhoneStack
+from scripts.stack import Stack, StackError, livekit_sip
+from tests.conftest import free_port
+
+from .conftest import (
+    NO_AGENT_NUMBER,
+    TRANSFER_TARGET,
+    TRANSFER_TARGET_PORT,
+    TRUNK_NUMBER,
+    PhoneStack,
+    require_phone_line,
+)
 from .phone import VOICE_RMS, Phone, Script
 
 pytestmark = pytest.mark.e2e
 
-ANSWER_S = 6.0  # listening after the question: the agent's first audio comes within ~1-2 s
+# Listening after the question. The agent's first audio comes 0.5-1 s after it on a quiet
+# machine, but 2-6 s late at load 8-20 on 2 cores (two calls at once, other test suites): the
+# window is what the test waits for, not a speed the agent must meet (bench/ measures that).
+ANSWER_S = 10.0
 _next_port = iter(range(17200, 17280, 8))
 
 
@@ -85,7 +100,12 @@ def assert_answered(phone: Phone, script: Script, question: str = "question") ->
     assert quiet < VOICE_RMS, f"the phone heard sound before it spoke (RMS {quiet:.0f})"
     first = rec.first_voice_after(q_end)
     assert first is not None, f"no agent audio after the question: {phone.transcript()}"
-    reply = rec.heard_rms(first, first + 2.0)
+    # Not a click: half a second of voice, ten times louder than the line's silence. (The
+    # loudest half second of the reply's first 4 s: on a loaded machine the reply arrives in
+    # bursts with gaps, as it is made slower than it plays; at the phone it is still speech.)
+    voiced = rec.voiced_seconds_between(first, first + 4.0)
+    assert voiced >= 0.5, f"only {voiced:.2f} s of agent audio after the question"
+    reply = max(rec.heard_rms(t, t + 0.5) for t in np.arange(first, first + 3.5, 0.1))
     assert reply > 10 * max(quiet, 1.0), f"the reply is not louder than the silence ({reply:.0f} vs {quiet:.0f})"
     return first - q_end
 
@@ -144,9 +164,10 @@ async def test_two_calls_at_once_pcmu_and_pcma_each_answered_in_its_room(phone_s
 async def test_barge_in_stops_the_reply_at_the_phone(phone_stack: PhoneStack, phones: list[Phone],
                                                      tmp_path: Path) -> None:
     phone = new_phone(phones, tmp_path, "+15550004")
-    # 4 s after the question: the agent is well into its reply (LiveKit's echo warm-up keeps
-    # interruptions off for the first 3 s of agent speech)
-    script = (Script().pause(1.5).say("question", load_wav("e2e_q2_weather.wav")).pause(4.0)
+    # 6 s after the question: the agent is well into its 12 s reply (LiveKit's echo warm-up
+    # keeps interruptions off for the first 3 s of agent speech), also on a loaded machine
+    # where the reply starts 2-4 s after the question instead of 0.5 s (seen at load 8-20 on 2 cores)
+    script = (Script().pause(1.5).say("question", load_wav("e2e_q2_weather.wav")).pause(6.0)
               .say("barge-in", load_wav("e2e_stop.wav")).pause(ANSWER_S))
     phone.start(script, dial=phone_stack.sip_uri)
     observer = await Caller.observe(phone_stack.livekit_url, await room_of(phone_stack, "+15550004"))
@@ -155,8 +176,10 @@ async def test_barge_in_stops_the_reply_at_the_phone(phone_stack: PhoneStack, ph
         rec = phone.recording()
         _, q_end = script.marks["question"]
         b_start, b_end = script.marks["barge-in"]
-        assert rec.voiced_seconds_between(b_start - 1.0, b_start) > 0.8, \
-            "the agent was not talking when the caller barged in"
+        # half of the second before it voiced: the agent was talking (a quiet machine: all of
+        # it; a loaded one sends the reply in bursts)
+        talking = rec.voiced_seconds_between(b_start - 1.0, b_start)
+        assert talking >= 0.5, f"the agent was not talking when the caller barged in ({talking:.2f} s of 1 s)"
         # The reply stops at the phone while the caller is still talking (the agent pauses
         # after 0.15 s of speech and takes the turn at 0.4 s; then the audio in flight).
         stopped = rec.voice_stops_after(b_start)
@@ -232,29 +255,50 @@ async def test_transfer_goes_to_a_second_phone_and_fails_clearly_without_one(pho
         await observer.aclose()
 
 
-async def test_calls_that_cannot_be_answered_are_not_put_through(phone_stack: PhoneStack,
-                                                                      phones: list[Phone], tmp_path: Path) -> None:
-    # a number on no trunk: LiveKit drops it (no final answer: against SIP scanners, by design)
-    # and the SIP service logs one line saying so; the call is never put through
+async def test_calls_that_cannot_be_answered_end_busy_with_one_line_naming_the_cause(
+        phone_stack: PhoneStack, phones: list[Phone], tmp_path: Path) -> None:
+    # a number on no trunk: the catch-all rule (deploy/sip/refuse-rule.json) sends it to the
+    # agent, which logs why and deletes the room; the phone gets a busy within seconds (without
+    # that rule LiveKit would leave it ringing until the phone gave up)
     stranger = new_phone(phones, tmp_path, "+15550007")
-    stranger.start(Script().pause(30), dial=phone_stack.dial_uri("+15105559999"))
-    deadline = time.monotonic() + 10
-    dropped: list[str] = []
-    while time.monotonic() < deadline and not dropped:
-        dropped = [line for line in phone_stack.log_lines("sip")
-                   if "Closing inbound call" in line and "+15105559999" in line and '"flood"' in line]
-        await asyncio.sleep(0.1)
-    assert dropped, "the SIP service did not say why it refused the call"
+    started = time.time()
+    stranger.start(Script().pause(60), dial=phone_stack.dial_uri("+15105559999"))
+    over, line = await asyncio.to_thread(stranger.wait_call_over, 20)
+    print(f"\nno trunk: {line} after {over - started:.1f} s")
+    assert "486" in line, f"not a busy: {stranger.transcript()}"
     assert not stranger.find("Call established")
-    stranger.hang_up()
+    assert over - started < 10
+    refused = [line for line in phone_stack.log_lines("phone-agent")
+               if "refused a phone call from +15550007 to +15105559999" in line]
+    assert len(refused) == 1, refused
+    assert "no inbound trunk accepts this number from this address" in refused[0]
 
-    # a trunk whose rule names an agent nobody runs: rings for the trunk's 5 s, then ends
+    # a trunk whose rule names an agent nobody runs: rings for the trunk's 5 s, then a busy,
+    # and the SIP service says it gave up waiting for the room (`cannot-subscribe`)
     lonely = new_phone(phones, tmp_path, "+15550008")
     started = time.time()
     lonely.start(Script().pause(60), dial=phone_stack.dial_uri(NO_AGENT_NUMBER))
     over, line = await asyncio.to_thread(lonely.wait_call_over, 30)
     print(f"no agent: {line} after {over - started:.1f} s")
+    assert "486" in line, f"not a busy: {lonely.transcript()}"
     assert not lonely.find("Call established")
     assert over - started < 15
+    gave_up = [line for line in phone_stack.log_lines("sip")
+               if "Closing inbound call with error" in line and "+15550008" in line]
+    assert len(gave_up) == 1 and '"reason": "cannot-subscribe"' in gave_up[0], gave_up
     with suppress(Exception):
         lonely.stop()
+
+
+def test_a_sip_service_that_cannot_start_says_why_in_one_line(tmp_path: Path) -> None:
+    """No Redis where LiveKit SIP looks for it: it stops at once, and the stack's error (what
+    ./scripts/dev --sip prints) names the cause on its first line."""
+    require_phone_line()
+    stack = Stack(echo=None, log_dir=tmp_path)
+    with pytest.raises(StackError) as failed:
+        stack.start(livekit_sip(livekit_url="ws://127.0.0.1:1", redis_port=free_port(), sip_port=free_port(),
+                                rtp_ports=(17420, 17430)))
+    stack.stop()
+    first_line = str(failed.value).splitlines()[0]
+    assert first_line.startswith("sip exited with code"), first_line
+    assert "unable to connect to redis" in first_line, first_line
