@@ -88,10 +88,12 @@ class Costs:
 
 
 # bench/results/2026-12-02-h200-steady-run2a.log, "captured steps" (medians of 20 replays);
-# host time per step from the same run's loop lines at 16 calls
+# host time per step from the same run's loop lines at 16 calls; the vocoder with its fused
+# activations from 2026-12-03-h200-vocoder-kernel.log (the modules took 9.7, 21.2, 37.8, 74.3
+# and 144.1 ms at 1, 4, 8, 16 and 32 chunks)
 COSTS = Costs(thinker={1: 5.1, 16: 5.3, 32: 5.4}, talker={1: 2.0, 16: 2.1, 32: 2.15},
               dit_eval={1: 1.5, 4: 1.8, 8: 2.4, 16: 3.8, 32: 6.6},
-              vocoder={1: 9.7, 4: 21.2, 8: 37.8, 16: 74.3, 32: 144.1},
+              vocoder={1: 5.2, 16: 33.9, 32: 66.2},
               prefill_ms=45.0, host_ms=1.5, host_ms_per_reply=0.05)
 
 
