@@ -87,7 +87,7 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     generator = torch.Generator(device=device).manual_seed(1)
     print(f"vocoder: {sum(p.numel() for p in vocoder.parameters()) / 1e6:.1f} M parameters, "
-          f"{len(fused._constants)} anti-aliased activations; {args.frames} mel frames a chunk "
+          f"{len(fused)} anti-aliased activations; {args.frames} mel frames a chunk "
           f"= {args.frames * 240 / 24000:.2f} s of audio")
     print(f"{'variant':14} {'batch':>5} {'ms a call':>10} {'x modules tf32':>14} "
           f"{'max error':>10} {'SNR dB':>7} {'LSD dB':>7}")

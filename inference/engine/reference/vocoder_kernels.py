@@ -48,9 +48,9 @@ def _snake(u, alpha, inv_beta):
 @triton.jit
 def _upsampled(x_row, up_ptr, t, length, SHIFT: tl.constexpr, PARITY: tl.constexpr,
                TAPS: tl.constexpr):
-    """The upsampler's output (before Snake) at the samples whose sum runs over the up taps
-    kk of parity PARITY, at the input samples x[t + SHIFT - kk // 2] (index clamped: the
-    input's replicate padding), times the ratio."""
+    """The upsampler's output (before Snake) at one phase, for each t: the sum over the up
+    taps kk of parity PARITY of f[kk] x[t + SHIFT - kk // 2] (the index clamped: the input's
+    replicate padding), times the ratio."""
     u = tl.zeros(t.shape, tl.float32)
     for kk in tl.static_range(PARITY, TAPS, 2):
         index = tl.minimum(tl.maximum(t + SHIFT - kk // 2, 0), length - 1)
@@ -74,17 +74,15 @@ def _anti_aliased_snake_kernel(x_ptr, out_ptr, alpha_ptr, inv_beta_ptr, up_ptr, 
     # replicate padding repeats them (computed as vectors of one value)
     first = _snake(_upsampled(x_row, up_ptr, zero, length, UP_CROP // 2 - UP_PAD,
                               UP_CROP % 2, TAPS), alpha, inv_beta)
-    last = _snake(_upsampled(x_row, up_ptr, zero + length - 1, length,
-                             (UP_CROP + 1 - (UP_CROP + 1) % 2) // 2 - UP_PAD, (UP_CROP + 1) % 2,
-                             TAPS), alpha, inv_beta)
+    last = _snake(_upsampled(x_row, up_ptr, zero + length - 1, length, (UP_CROP + 1) // 2 - UP_PAD,
+                             (UP_CROP + 1) % 2, TAPS), alpha, inv_beta)
     out = tl.zeros((BLOCK,), tl.float32)
     for k in tl.static_range(TAPS):
         # tap k reads the doubled signal at j = 2t + k - DOWN_PAD, which is the transposed
         # convolution's output j + UP_CROP: the up taps kk with (j + UP_CROP - kk) even, each
         # at the padded input's (j + UP_CROP - kk) / 2, i.e. x's index that minus UP_PAD
         j = 2 * t + (k - DOWN_PAD)
-        value = _snake(_upsampled(x_row, up_ptr, t, length,
-                                  (k - DOWN_PAD + UP_CROP - (k - DOWN_PAD + UP_CROP) % 2) // 2 - UP_PAD,
+        value = _snake(_upsampled(x_row, up_ptr, t, length, (k - DOWN_PAD + UP_CROP) // 2 - UP_PAD,
                                   (k - DOWN_PAD + UP_CROP) % 2, TAPS), alpha, inv_beta)
         value = tl.where(j < 0, first, tl.where(j >= 2 * length, last, value))
         out += tl.load(down_ptr + k) * value
@@ -108,6 +106,10 @@ class AntiAliasedSnake:
                     (1.0 / (torch.exp(snake.beta.detach().float()) + snake.no_div_by_zero)).contiguous(),
                     module.upsample.filter.detach().float().reshape(-1).contiguous(),
                     module.downsample.filter.detach().float().reshape(-1).contiguous())
+
+    def __len__(self) -> int:
+        """How many activations of the vocoder this computes."""
+        return len(self._constants)
 
     def __call__(self, module, x: torch.Tensor) -> torch.Tensor:
         alpha, inv_beta, up, down = self._constants[id(module)]
