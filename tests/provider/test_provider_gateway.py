@@ -75,12 +75,26 @@ class Gateway:
         [session] = self.worker.sessions
         return [entry.item.id for entry in session.conversation if entry.in_context]
 
+    def read(self) -> list[tuple[str | None, str, str]]:
+        """What the one session's model reads, item by item: the engine context its next
+        request would get (item id, kind, and the text, or the user audio's samples)."""
+        [session] = self.worker.sessions
+        return [(item.item_id, type(item).__name__, _what_is_read(item)) for item in session.conversation.to_context()]
+
     async def stop(self) -> None:
         """As the worker does on SIGTERM: close every session (code 1001), then stop listening."""
         if self.server is not None:
             await self.worker.drain()
             await self.server.close()
             self.server = None
+
+
+def _what_is_read(item: eng.ContextItem) -> str:
+    if isinstance(item, eng.UserAudio):
+        return item.audio.tobytes().hex()
+    if isinstance(item, (eng.UserText, eng.SystemText, eng.AssistantText)):
+        return item.text
+    return repr(item)  # a tool call or output: every field
 
 
 @pytest.fixture
@@ -666,7 +680,7 @@ async def test_a_worker_killed_between_its_cut_and_response_done_is_replaced_by_
     cut = await rec.wait_received("response.context_truncated")
     await rec.wait_received("response.output_audio.delta")
     assert cut["item_ids"] and set(cut["item_ids"]).isdisjoint(gateway.held())
-    held = gateway.held()
+    held, read = gateway.held(), gateway.read()
     await gateway.crash()  # no response.done, no close frame
     await asyncio.wait_for(reading, 10)
     assert not [e for e in rec.received if e["type"] == "response.done" and e["response"]["id"] == cut["response_id"]]
@@ -674,7 +688,16 @@ async def test_a_worker_killed_between_its_cut_and_response_done_is_replaced_by_
     await gateway.start()
     await asyncio.wait_for(rec.reconnected.wait(), 10)
     assert await settled(gateway.held, len(held)) == held
-    await a_turn(session)  # and the call goes on
+    # and what its model reads of them is what the lost one's read: the same user audio, sample
+    # for sample, the same replies; of the reply cut short by the kill, the words that had
+    # reached the plugin (the lost worker may have generated a few more that never left it)
+    *earlier, (reply_id, kind, generated) = read
+    replayed = gateway.read()
+    assert replayed[:-1] == earlier and replayed[-1][:2] == (reply_id, kind) == (held[-1], "AssistantText")
+    heard = replayed[-1][2]
+    assert heard.startswith("word0") and generated.startswith(heard), (heard, generated)
+    await a_turn(session)  # and the call goes on, on that context
+    assert [item.item_id for item in gateway.engine.requests[-1].context][:len(held)] == held
     assert all(e.recoverable for e in rec.errors)
 
 
