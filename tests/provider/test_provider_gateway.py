@@ -390,6 +390,35 @@ async def test_truncate_keeps_what_was_heard(gateway, open_session):
     assert context[1].text == heard
 
 
+async def test_a_truncation_that_does_not_say_what_was_heard_keeps_the_same_words_on_both_sides(gateway, open_session):
+    """Without `audio_transcript` the plugin estimates the words heard and sends them, so its
+    copy, the worker and a worker after a reconnection all keep the same (the worker's own
+    estimate once kept fewer than the copy, and a replay brought back words nobody heard)."""
+    session, rec = open_session(conn_options=APIConnectOptions(max_retry=20, retry_interval=0.05, timeout=2))
+    await speak(session, 0.3)
+    [(message_id, text, _)], _ = await read_generation(await session.generate_reply())
+    assert text == "word0 word1 word2 word3 word4 "  # 200 ms of audio a word
+    session.truncate(message_id=message_id, modalities=["audio", "text"], audio_end_ms=500)
+    await rec.wait_received("conversation.item.truncated", item_id=message_id)
+    assert session.chat_ctx.get_by_id(message_id).content == ["word0 word1"]  # whole words of the first half
+    read = gateway.read()
+    assert read[-1] == (message_id, "AssistantText", "word0 word1")
+
+    await speak(session, 0.3)
+    [(unheard_id, _, _)], _ = await read_generation(await session.generate_reply())
+    session.truncate(message_id=unheard_id, modalities=["audio", "text"], audio_end_ms=20)  # no whole word
+    await rec.wait_received("conversation.item.deleted", item_id=unheard_id)
+    assert session.chat_ctx.get_by_id(unheard_id) is None and unheard_id not in gateway.held()
+    read = gateway.read()
+
+    await gateway.stop()
+    await gateway.start()
+    await asyncio.wait_for(rec.reconnected.wait(), 10)
+    assert await settled(gateway.held, len(read)) == [item_id for item_id, _, _ in read]
+    assert gateway.read() == read
+    assert all(e.recoverable for e in rec.errors)
+
+
 async def test_truncate_is_clamped_to_the_audio_received(gateway, open_session):
     session, rec = open_session()
     await speak(session, 0.3)
