@@ -483,6 +483,33 @@ async def test_items_deleted_or_inserted_while_the_cut_is_made_break_nothing(gat
     assert gateway.engine.requests[-1].context[0].audio.size == 3200  # and its audio kept
 
 
+
+async def test_a_failure_of_the_workers_own_inside_a_response_still_ends_it(gateway, monkeypatch):
+    """A bug of the gateway's while a response runs (here where the cut is recorded, where a
+    deleted item once raised) ends the response with response.done `failed`, as an engine's
+    failure does: a client that waits for response.done (LiveKit's generation) is never left
+    waiting, and the session goes on."""
+    from inference.conversation import Conversation
+
+    def broken(self, item_ids):
+        raise RuntimeError("a bug of the worker's")
+
+    gateway.engine.keep_items = 1
+    async with await gateway.client() as c:
+        await turn(c, "one")
+        with monkeypatch.context() as patch:
+            patch.setattr(Conversation, "leave_context", broken)
+            await say(c, "two")
+            await c.send("response.create")
+            events = await c.until_done(timeout=10)
+        done = events[-1]["response"]
+        assert done["status"] == "failed", done
+        assert done["status_details"]["error"]["type"] == "server_error"
+        assert "RuntimeError" in done["status_details"]["error"]["message"]
+        assert not [e for e in c.events if e["type"] == "error"]  # no internal_error beside it
+        assert (await turn(c, "three"))["status"] == "completed"
+
+
 async def test_a_new_truncation_replaces_the_old_one_whole(gateway):
     """As OpenAI does: `truncation` is one field, not merged with the previous one."""
     async with await gateway.client() as c:

@@ -75,12 +75,26 @@ class Gateway:
         [session] = self.worker.sessions
         return [entry.item.id for entry in session.conversation if entry.in_context]
 
+    def read(self) -> list[tuple[str | None, str, str]]:
+        """What the one session's model reads, item by item: the engine context its next
+        request would get (item id, kind, and the text, or the user audio's samples)."""
+        [session] = self.worker.sessions
+        return [(item.item_id, type(item).__name__, _what_is_read(item)) for item in session.conversation.to_context()]
+
     async def stop(self) -> None:
         """As the worker does on SIGTERM: close every session (code 1001), then stop listening."""
         if self.server is not None:
             await self.worker.drain()
             await self.server.close()
             self.server = None
+
+
+def _what_is_read(item: eng.ContextItem) -> str:
+    if isinstance(item, eng.UserAudio):
+        return item.audio.tobytes().hex()
+    if isinstance(item, (eng.UserText, eng.SystemText, eng.AssistantText)):
+        return item.text
+    return repr(item)  # a tool call or output: every field
 
 
 @pytest.fixture
@@ -376,6 +390,35 @@ async def test_truncate_keeps_what_was_heard(gateway, open_session):
     assert context[1].text == heard
 
 
+async def test_a_truncation_that_does_not_say_what_was_heard_keeps_the_same_words_on_both_sides(gateway, open_session):
+    """Without `audio_transcript` the plugin estimates the words heard and sends them, so its
+    copy, the worker and a worker after a reconnection all keep the same (the worker's own
+    estimate once kept fewer than the copy, and a replay brought back words nobody heard)."""
+    session, rec = open_session(conn_options=APIConnectOptions(max_retry=20, retry_interval=0.05, timeout=2))
+    await speak(session, 0.3)
+    [(message_id, text, _)], _ = await read_generation(await session.generate_reply())
+    assert text == "word0 word1 word2 word3 word4 "  # 200 ms of audio a word
+    session.truncate(message_id=message_id, modalities=["audio", "text"], audio_end_ms=500)
+    await rec.wait_received("conversation.item.truncated", item_id=message_id)
+    assert session.chat_ctx.get_by_id(message_id).content == ["word0 word1"]  # whole words of the first half
+    read = gateway.read()
+    assert read[-1] == (message_id, "AssistantText", "word0 word1")
+
+    await speak(session, 0.3)
+    [(unheard_id, _, _)], _ = await read_generation(await session.generate_reply())
+    session.truncate(message_id=unheard_id, modalities=["audio", "text"], audio_end_ms=20)  # no whole word
+    await rec.wait_received("conversation.item.deleted", item_id=unheard_id)
+    assert session.chat_ctx.get_by_id(unheard_id) is None and unheard_id not in gateway.held()
+    read = gateway.read()
+
+    await gateway.stop()
+    await gateway.start()
+    await asyncio.wait_for(rec.reconnected.wait(), 10)
+    assert await settled(gateway.held, len(read)) == [item_id for item_id, _, _ in read]
+    assert gateway.read() == read
+    assert all(e.recoverable for e in rec.errors)
+
+
 async def test_truncate_is_clamped_to_the_audio_received(gateway, open_session):
     session, rec = open_session()
     await speak(session, 0.3)
@@ -664,9 +707,10 @@ async def test_a_worker_killed_between_its_cut_and_response_done_is_replaced_by_
     generation = await session.generate_reply()
     reading = asyncio.create_task(read_generation(generation))
     cut = await rec.wait_received("response.context_truncated")
-    await rec.wait_received("response.output_audio.delta")
+    await rec.wait_received("response.output_audio.delta", response_id=cut["response_id"])  # its reply plays
     assert cut["item_ids"] and set(cut["item_ids"]).isdisjoint(gateway.held())
-    held = gateway.held()
+    # what the worker holds at the moment it dies (nothing runs between these and the kill)
+    held, read = gateway.held(), gateway.read()
     await gateway.crash()  # no response.done, no close frame
     await asyncio.wait_for(reading, 10)
     assert not [e for e in rec.received if e["type"] == "response.done" and e["response"]["id"] == cut["response_id"]]
@@ -674,7 +718,16 @@ async def test_a_worker_killed_between_its_cut_and_response_done_is_replaced_by_
     await gateway.start()
     await asyncio.wait_for(rec.reconnected.wait(), 10)
     assert await settled(gateway.held, len(held)) == held
-    await a_turn(session)  # and the call goes on
+    # and what its model reads of them is what the lost one's read: the same user audio, sample
+    # for sample, the same replies; of the reply cut short by the kill, the words that had
+    # reached the plugin (the lost worker may have generated a few more that never left it)
+    *earlier, (reply_id, kind, generated) = read
+    replayed = gateway.read()
+    assert replayed[:-1] == earlier and replayed[-1][:2] == (reply_id, kind) == (held[-1], "AssistantText")
+    heard = replayed[-1][2]
+    assert heard.startswith("word0") and generated.startswith(heard), (heard, generated)
+    await a_turn(session)  # and the call goes on, on that context
+    assert [item.item_id for item in gateway.engine.requests[-1].context][:len(held)] == held
     assert all(e.recoverable for e in rec.errors)
 
 

@@ -74,6 +74,10 @@ class Call:
                         lambda e: e["type"] == "response.done" and self.done.append(e["response"]))
         self.session.on("omni_server_event_received",
                         lambda e: setattr(self, "cuts", self.cuts + (e["type"] == "response.context_truncated")))
+        self.settled_items: set[str] = set()  # items the worker confirmed truncated or deleted
+        self.session.on("omni_server_event_received",
+                        lambda e: e["type"] in ("conversation.item.truncated", "conversation.item.deleted")
+                        and self.settled_items.add(e["item_id"]))
         self.session.on("error", self.errors.append)
         self.session.on("session_reconnected", lambda _: self.reconnected.set())
 
@@ -174,15 +178,23 @@ async def an_interruption(call: Call, rng: random.Random) -> None:
     call.session.interrupt()
     call.session.truncate(message_id=message.message_id, modalities=["audio", "text"], audio_end_ms=rng.randint(0, 200))
     await asyncio.wait_for(read_generation(generation), 30)
+    for _ in range(1000):  # the worker has it (a reconnection may follow at once)
+        if message.message_id in call.settled_items:
+            break
+        await asyncio.sleep(0.01)
 
 
 async def a_reconnection(call: Call, rng: random.Random) -> None:
     held = await call.agreed()
+    read = call.gateway.read()
     call.reconnected.clear()
     await (call.gateway.crash() if rng.random() < 0.5 else call.gateway.stop())
     await call.gateway.start()
     await asyncio.wait_for(call.reconnected.wait(), 20)
     assert await call.agreed() == held  # the new worker holds what the lost one held
+    # and its model reads the same of them: user audio sample for sample, the replies' text
+    # (as heard, after an interruption), edits, tool calls and outputs
+    assert call.gateway.read() == read
 
 
 REPLIES = (a_spoken_turn, a_typed_turn, a_tool_call, an_interruption)

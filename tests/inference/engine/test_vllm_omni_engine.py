@@ -322,6 +322,12 @@ async def test_the_thinkers_audio_clip_limit_leaves_out_older_clips(fake_omni):
     deltas = await collect(engine.generate(request(*clips)))
     assert isinstance(deltas[0], ContextTruncated) and deltas[0].first_item_id == "user2"
     assert len(omni.calls[-1].prompt["multi_modal_data"]["audio"]) == 4
+    # disabled: too many clips is a context overflow, refused before vLLM sees the prompt (it
+    # would fail inside vLLM, an engine error the client cannot act on)
+    calls = len(omni.calls)
+    with pytest.raises(ContextLengthExceeded, match="6 audio clips.*at most 4"):
+        await collect(engine.generate(request(*clips, truncation=Truncation(mode="disabled"))))
+    assert len(omni.calls) == calls
 
 
 async def test_a_reply_cut_by_max_output_tokens_finishes_with_length(fake_omni):

@@ -15,6 +15,19 @@ from livekit.agents.metrics.base import Metadata
 Modalities = list[Literal["text", "audio"]]
 
 
+def heard_part(text: str, fraction: float) -> str:
+    """The words of `text` spoken in the first `fraction` of its audio, for a truncation that
+    does not say what was heard. Text and audio stream together but are not aligned word by
+    word, so this assumes an even speaking rate and rounds down to a whole word (the worker's
+    estimate, inference/conversation.py `cut_transcript`, follows the same rule)."""
+    if fraction >= 1.0:
+        return text
+    keep = int(len(text) * max(fraction, 0.0))
+    if 0 < keep < len(text) and not text[keep].isspace():
+        keep = text.rfind(" ", 0, keep) + 1
+    return text[:keep].rstrip()
+
+
 @dataclass
 class MessageStreams:
     """Text and audio of one assistant message, as the framework reads them."""

@@ -39,7 +39,7 @@ from livekit.agents.voice.generation import remove_instructions
 
 from . import audio, wire
 from .connection import FATAL_ERROR_CODES, connect
-from .generation import FunctionCallState, Generation, MessageStreams, response_metrics
+from .generation import FunctionCallState, Generation, MessageStreams, heard_part, response_metrics
 from .input_turns import InputTurns, TrimInput
 from .item_ops import ItemOp, ItemOps
 from .log import logger
@@ -304,17 +304,23 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         if "audio" in modalities and received is not None:
             # never past the audio the worker produced (it refuses that)
             end_ms = min(audio_end_ms, received * 1000 // audio.OUTPUT_SAMPLE_RATE)
-            if end_ms <= 0:
-                self._start_item_op(self._delete_op(message_id))  # nothing was heard
+            if heard is None and end_ms > 0:
+                # not said: estimated here from the text and audio received, and sent, so that
+                # the worker keeps the very words the copy keeps (left to its own estimate, the
+                # worker kept fewer, and a replay brought back words nobody heard)
+                heard = heard_part(self._message_text(message_id), end_ms * audio.OUTPUT_SAMPLE_RATE / 1000 / received)
+            if end_ms <= 0 or heard == "":
+                # nothing was heard, or no word of it: the model would read nothing of it, and
+                # a replay leaves an empty reply out, so the worker lets it go too
+                self._start_item_op(self._delete_op(message_id))
                 return
             self._send(wire.truncate_item(message_id, end_ms, heard))
-            if heard is not None:
-                # noted now, not on confirmation: a truncation lost with the connection is then
-                # still right in the replay
-                self._set_mirror_text(message_id, heard)
-                generation = self._replies.generation
-                if generation is not None and (streams := generation.messages.get(message_id)):
-                    streams.heard = heard  # the reply's end, still to come, must not undo it
+            # noted now, not on confirmation: a truncation lost with the connection is then
+            # still right in the replay
+            self._set_mirror_text(message_id, heard)
+            generation = self._replies.generation
+            if generation is not None and (streams := generation.messages.get(message_id)):
+                streams.heard = heard  # the reply's end, still to come, must not undo it
             return
         # a text reply, or one replayed after a reconnection: the worker holds its text only,
         # so the heard text replaces it
@@ -1078,6 +1084,16 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         generation.close(self._opts.modalities)
         if self._replies.generation is generation:
             self._replies.generation = None
+
+    def _message_text(self, item_id: str) -> str:
+        """An assistant message's text as received: its transcript so far while it streams."""
+        generation = self._replies.generation
+        if generation is not None and (streams := generation.messages.get(item_id)):
+            return streams.transcript
+        remote = self._remote.get(item_id)
+        if remote is not None and isinstance(remote.item, llm.ChatMessage):
+            return remote.item.text_content or ""
+        return ""
 
     def _set_mirror_text(self, item_id: str, text: str) -> None:
         remote = self._remote.get(item_id)
