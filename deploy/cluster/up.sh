@@ -56,6 +56,13 @@ if [[ ! -f "$STATE/sysctl.saved" ]]; then
 fi
 sysctl -q -w net.bridge.bridge-nf-call-iptables=1
 ip addr show dev lo | grep -q " $NODE_IP/32 " || ip addr add "$NODE_IP/32" dev lo
+# The pod bridge, made now rather than by the CNI plugin at the first pod: LiveKit (host network)
+# puts its media on the bridge's address and only opens UDP sockets on addresses that exist
+# when it starts, which can be before any pod of the pod network.
+bridge_ip="${POD_CIDR%.*}.1"
+ip link show "$POD_BRIDGE" >/dev/null 2>&1 || ip link add "$POD_BRIDGE" type bridge
+ip addr show dev "$POD_BRIDGE" | grep -q " $bridge_ip/" || ip addr add "$bridge_ip/${POD_CIDR#*/}" dev "$POD_BRIDGE"
+ip link set "$POD_BRIDGE" up
 
 # --- certificates -----------------------------------------------------------------------------
 "$here/pki.sh"
@@ -96,7 +103,7 @@ cat >"$CONF/cni/10-omni.conflist" <<EOF
   "plugins": [
     {
       "type": "bridge",
-      "bridge": "omni-cni0",
+      "bridge": "$POD_BRIDGE",
       "isGateway": true,
       "ipMasq": false,
       "hairpinMode": true,
