@@ -37,6 +37,16 @@ for plugin in bridge host-local loopback portmap; do
 done
 grep -qw overlay /proc/filesystems || die "the kernel has no overlay file system (containerd's snapshotter)"
 [[ -d /proc/sys/net/bridge ]] || die "no br_netfilter (/proc/sys/net/bridge): Services between pods need it"
+# kube-network-policies hands new connections to userspace with an nftables `queue` rule; a kernel
+# without nft_queue (this project's VM kernel, 6.18-fc) refuses the rule and nothing is enforced.
+nft_queue_probe() {
+    nft add table inet omni-probe && nft add chain inet omni-probe c '{ type filter hook forward priority 0; }' \
+        && nft add rule inet omni-probe c ip daddr 192.0.2.1 queue num 100 bypass
+}
+if ! nft_queue_probe >/dev/null 2>&1; then
+    say "warning: this kernel has no nftables queue (nft_queue): NetworkPolicies will NOT be enforced"
+fi
+nft delete table inet omni-probe 2>/dev/null || true
 [[ ! -S "$RUN/containerd.sock" ]] || ! "$BIN/ctr" --address "$RUN/containerd.sock" version >/dev/null 2>&1 \
     || die "a cluster is already running (deploy/cluster/down.sh stops it)"
 for port in 6443 10250 23790 23800 4443; do
