@@ -42,7 +42,7 @@ done
 
 # Network namespaces of pods (CNI's), the pod bridge, the rules.
 for ns in $(ip netns list 2>/dev/null | awk '/^cni-/ {print $1}'); do ip netns delete "$ns"; done
-ip link show omni-cni0 >/dev/null 2>&1 && ip link delete omni-cni0
+ip link show "$POD_BRIDGE" >/dev/null 2>&1 && ip link delete "$POD_BRIDGE"
 rm -rf "$STATE/cni" /var/lib/cni/results/omni-pods-* 2>/dev/null
 if command -v iptables >/dev/null; then
     # kube-proxy's own chains (its --cleanup removes them), for IPv4 and IPv6.

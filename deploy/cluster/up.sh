@@ -37,6 +37,16 @@ for plugin in bridge host-local loopback portmap; do
 done
 grep -qw overlay /proc/filesystems || die "the kernel has no overlay file system (containerd's snapshotter)"
 [[ -d /proc/sys/net/bridge ]] || die "no br_netfilter (/proc/sys/net/bridge): Services between pods need it"
+# kube-network-policies hands new connections to userspace with an nftables `queue` rule; a kernel
+# without nft_queue (this project's VM kernel, 6.18-fc) refuses the rule and nothing is enforced.
+nft_queue_probe() {
+    nft add table inet omni-probe && nft add chain inet omni-probe c '{ type filter hook forward priority 0; }' \
+        && nft add rule inet omni-probe c ip daddr 192.0.2.1 queue num 100 bypass
+}
+if ! nft_queue_probe >/dev/null 2>&1; then
+    say "warning: this kernel has no nftables queue (nft_queue): NetworkPolicies will NOT be enforced"
+fi
+nft delete table inet omni-probe 2>/dev/null || true
 [[ ! -S "$RUN/containerd.sock" ]] || ! "$BIN/ctr" --address "$RUN/containerd.sock" version >/dev/null 2>&1 \
     || die "a cluster is already running (deploy/cluster/down.sh stops it)"
 for port in 6443 10250 23790 23800 4443; do
@@ -56,6 +66,13 @@ if [[ ! -f "$STATE/sysctl.saved" ]]; then
 fi
 sysctl -q -w net.bridge.bridge-nf-call-iptables=1
 ip addr show dev lo | grep -q " $NODE_IP/32 " || ip addr add "$NODE_IP/32" dev lo
+# The pod bridge, made now rather than by the CNI plugin at the first pod: LiveKit (host network)
+# puts its media on the bridge's address and only opens UDP sockets on addresses that exist
+# when it starts, which can be before any pod of the pod network.
+bridge_ip="${POD_CIDR%.*}.1"
+ip link show "$POD_BRIDGE" >/dev/null 2>&1 || ip link add "$POD_BRIDGE" type bridge
+ip addr show dev "$POD_BRIDGE" | grep -q " $bridge_ip/" || ip addr add "$bridge_ip/${POD_CIDR#*/}" dev "$POD_BRIDGE"
+ip link set "$POD_BRIDGE" up
 
 # --- certificates -----------------------------------------------------------------------------
 "$here/pki.sh"
@@ -96,7 +113,7 @@ cat >"$CONF/cni/10-omni.conflist" <<EOF
   "plugins": [
     {
       "type": "bridge",
-      "bridge": "omni-cni0",
+      "bridge": "$POD_BRIDGE",
       "isGateway": true,
       "ipMasq": false,
       "hairpinMode": true,

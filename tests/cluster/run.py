@@ -2,6 +2,7 @@
 
     deploy/cluster/ci.sh                       # builds, starts the cluster, runs this, stops it
     .venv/bin/python tests/cluster/run.py      # against a cluster deploy/cluster/up.sh started
+    .venv/bin/python tests/cluster/run.py --checks spread,netpol   # the first call, then only these
 
 1. `kubectl apply -k deploy/cluster/overlay` (deploy/k8s with this machine's few changes), the
    Secrets made here; every pod Ready through its own probes.
@@ -394,6 +395,9 @@ def write_results(report: Report, verdict: str, rollout: tuple[int, int] | None,
     if rollout and kill:
         lines.append(f"k8s rollout: calls dropped {rollout[0]} of {rollout[1]}, "
                      f"worker kill: conversations kept {kill[0]} of {kill[1]}")
+    else:
+        lines.append(f"k8s rollout: {'calls dropped %d of %d' % rollout if rollout else 'not measured'}, "
+                     f"worker kill: {'conversations kept %d of %d' % kill if kill else 'not measured'}")
     lines += ["", *[f"{'ok  ' if ok else 'FAIL'} {s:7.1f} s  {name}" for name, s, ok in report.steps],
               "", *report.facts, "", f"verdict: {verdict}"]
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -401,39 +405,66 @@ def write_results(report: Report, verdict: str, rollout: tuple[int, int] | None,
     print(f"results: {path}")
 
 
+CHECKS = ("spread", "rollout", "kill", "netpol", "metrics")
+
+
 def main() -> int:
     global ENV, KUBECTL
     parser = argparse.ArgumentParser(description="The deployment's checks on the cluster of deploy/cluster/up.sh.")
     parser.add_argument("--calls", type=int, default=4, help="calls at once for the spread check (default 4)")
     parser.add_argument("--kills", type=int, default=2, help="calls whose worker is killed (default 2)")
+    parser.add_argument("--checks", default=",".join(CHECKS),
+                        help=f"which checks run after the deployment, the token and the first call "
+                             f"(default all: {','.join(CHECKS)})")
     parser.add_argument("--results", type=Path,
                         default=REPO / "bench" / "results" / f"{time.strftime('%Y-%m-%d')}-k8s-cluster.txt")
     args = parser.parse_args()
+    wanted = [c for c in args.checks.split(",") if c]
+    unknown = set(wanted) - set(CHECKS)
+    if unknown:
+        parser.error(f"unknown checks {sorted(unknown)}; known: {', '.join(CHECKS)}")
     ENV = cluster_env()
     cache = subprocess.run(["bash", "-c", f"source {REPO}/deploy/cluster/versions.sh; echo $CLUSTER_CACHE"],
                            capture_output=True, text=True, check=True).stdout.strip()
     KUBECTL = f"{cache}/bin/kubectl"
     api_secret = secrets.token_hex(32)
     report = Report()
-    verdict = "FAIL"
-    rollout = kill = None
+    not_run = [c for c in CHECKS if c not in wanted]
+    failures: list[str] = []
+    results: dict[str, tuple[int, int]] = {}
+    errors = (ClusterError, subprocess.SubprocessError, OSError, TimeoutError, asyncio.TimeoutError,
+              rtc.ConnectError)
     try:
+        # Nothing else can pass without these.
         deploy(report, api_secret)
         check_token_and_call(report, api_secret)
-        check_spread(report, api_secret, args.calls)
-        rollout = check_rollout(report, api_secret)
-        kill = check_worker_kill(report, api_secret, args.kills)
-        check_network_policy(report)
-        check_metrics(report)
-        if rollout[0] == 0 and kill[0] == kill[1]:
-            verdict = "PASS"
-    except (ClusterError, subprocess.SubprocessError, OSError, TimeoutError, asyncio.TimeoutError,
-            rtc.ConnectError) as e:
+    except errors as e:
         say(f"stopped: {e}")
-    finally:
-        report.print_summary(verdict)
-        write_results(report, verdict, rollout, kill, args.results)
-    return 0 if verdict == "PASS" else 1
+        failures.append("deploy, token or first call")
+        wanted = []
+    # The rest are independent: a failed one is recorded and the next still runs.
+    checks = {"spread": lambda: check_spread(report, api_secret, args.calls),
+              "rollout": lambda: results.__setitem__("rollout", check_rollout(report, api_secret)),
+              "kill": lambda: results.__setitem__("kill", check_worker_kill(report, api_secret, args.kills)),
+              "netpol": lambda: check_network_policy(report),
+              "metrics": lambda: check_metrics(report)}
+    for name in wanted:
+        try:
+            checks[name]()
+        except errors as e:
+            say(f"{name}: {e}")
+            failures.append(name)
+    rollout, kill = results.get("rollout"), results.get("kill")
+    if rollout and rollout[0]:
+        failures.append("rollout dropped calls")
+    if kill and kill[0] != kill[1]:
+        failures.append("worker kill lost conversations")
+    verdict = "PASS" if not failures else f"FAIL ({', '.join(failures)})"
+    if not_run:
+        verdict += f" (not run: {', '.join(not_run)})"
+    report.print_summary(verdict)
+    write_results(report, verdict, rollout, kill, args.results)
+    return 0 if not failures else 1
 
 
 if __name__ == "__main__":
