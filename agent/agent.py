@@ -134,6 +134,7 @@ def realtime_model(config: AgentSettings) -> llm.RealtimeModel:
         return livekit_openai_model(config, api_key)
     return omni.RealtimeModel(
         url=config.omni_url,
+        fallback_url=config.omni_fallback_url,
         api_key=api_key,
         voice=config.voice,
         speculative_replies=config.speculative_replies,

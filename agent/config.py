@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_INSTRUCTIONS = (
@@ -33,6 +33,10 @@ class AgentSettings(BaseSettings):
     # The colocated omni worker.
     omni_url: str = Field("ws://127.0.0.1:8000/v1/realtime", validation_alias="OMNI_URL")
     omni_api_key: SecretStr | None = Field(None, validation_alias="OMNI_API_KEY")
+    # Another worker to reconnect through while the colocated one is down (in Kubernetes the
+    # omni-worker Service over every pod's worker): the call goes on there, its conversation
+    # replayed, instead of waiting for its own worker to load the model again.
+    omni_fallback_url: str | None = Field(None, validation_alias="OMNI_FALLBACK_URL")
 
     # What the agent says and how.
     instructions: str = Field(DEFAULT_INSTRUCTIONS, validation_alias="AGENT_INSTRUCTIONS")
@@ -156,11 +160,14 @@ class AgentSettings(BaseSettings):
         parse_key_actions(value)
         return value
 
-    @field_validator("omni_url")
+    @field_validator("omni_url", "omni_fallback_url")
     @classmethod
-    def _websocket_url(cls, value: str) -> str:
-        if urlsplit(value).scheme not in ("ws", "wss"):
-            raise ValueError(f"OMNI_URL must be a ws:// or wss:// URL, got {value!r}")
+    def _websocket_url(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if info.field_name == "omni_fallback_url" and not value:
+            return None  # unset or empty: no fallback
+        if urlsplit(value or "").scheme not in ("ws", "wss"):
+            name = "OMNI_URL" if info.field_name == "omni_url" else "OMNI_FALLBACK_URL"
+            raise ValueError(f"{name} must be a ws:// or wss:// URL, got {value!r}")
         return value
 
     @field_validator("livekit_url")

@@ -782,6 +782,99 @@ async def test_reconnect_replays_an_open_turn(gateway, open_session):
     assert abs(heard.size - 8000) <= 160
 
 
+async def test_a_question_asked_while_the_worker_restarts_is_answered_once_it_is_back(gateway, open_session):
+    session, rec = open_session(conn_options=APIConnectOptions(max_retry=50, retry_interval=0.05, timeout=1),
+                                reply_timeout=0.5)
+    await rec.wait_received("session.updated")
+    await gateway.crash()
+    await speak(session, 0.5)  # the whole turn while nobody listens
+    reply = asyncio.ensure_future(session.generate_reply())
+    await asyncio.sleep(1.0)  # failed attempts, and longer than reply_timeout: it counts from the send
+    assert not reply.done()
+    await gateway.start()
+    messages, _ = await read_generation(await asyncio.wait_for(reply, 10))
+    assert messages and messages[0][1]  # answered
+    [turn] = gateway.engine.requests[-1].context
+    assert abs(turn.audio.size - 8000) <= 160  # the question, as said
+
+
+async def test_a_question_the_lost_worker_never_answered_is_asked_again():
+    """The request reached a worker that died before it created the response."""
+    gw = Gateway(ScriptedEngine(words=3, step_s=0.01))
+    mute_requests: list[str] = []
+
+    async def mute_worker(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for message in ws:
+            mute_requests.append(message.json()["type"])
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/v1/realtime", mute_worker)
+    mute = TestServer(app, host="127.0.0.1", port=gw.port)
+    await mute.start_server()
+    model = RealtimeModel(url=gw.url, api_key=KEY, input_transcription=False, reply_timeout=5,
+                          conn_options=APIConnectOptions(max_retry=50, retry_interval=0.05, timeout=1))
+    session = model.session()
+    try:
+        await speak(session, 0.4)
+        reply = asyncio.ensure_future(session.generate_reply())
+        for _ in range(100):
+            if "response.create" in mute_requests:
+                break
+            await asyncio.sleep(0.02)
+        assert "response.create" in mute_requests
+        for handler in mute.runner.server.connections:
+            handler.transport.abort()  # the worker dies before it answers
+        await mute.close()
+        await gw.start()
+        messages, _ = await read_generation(await asyncio.wait_for(reply, 10))
+        assert messages and messages[0][1]
+        assert len(gw.engine.requests) == 1  # asked once on the new worker, with the turn
+        assert abs(gw.engine.requests[0].context[0].audio.size - 6400) <= 160
+    finally:
+        await session.aclose()
+        await model.aclose()
+        await gw.stop()
+
+
+async def test_a_call_whose_worker_dies_goes_on_through_the_fallback_with_its_conversation():
+    primary, fallback = Gateway(ScriptedEngine(words=3, step_s=0.01)), Gateway(ScriptedEngine(words=3, step_s=0.01))
+    await primary.start()
+    await fallback.start()
+    model = RealtimeModel(url=primary.url, fallback_url=fallback.url, api_key=KEY, input_transcription=False,
+                          conn_options=APIConnectOptions(max_retry=4, retry_interval=0.05, timeout=1))
+    session = model.session()
+    rec = Recorder(session)
+    try:
+        await speak(session, 0.3)
+        await read_generation(await session.generate_reply())
+        await primary.crash()  # and it stays down
+        await asyncio.wait_for(rec.reconnected.wait(), 10)
+        await speak(session, 0.5)
+        await read_generation(await session.generate_reply())
+        assert len(primary.engine.requests) == 1 and len(fallback.engine.requests) == 1
+        # the fallback's model read the whole call: the first turn, its reply, the new turn
+        kinds = context_kinds(fallback.engine.requests[0])
+        assert kinds == ["UserAudio", "AssistantText", "UserAudio"], kinds
+        assert abs(fallback.engine.requests[0].context[-1].audio.size - 8000) <= 160
+    finally:
+        await session.aclose()
+        await model.aclose()
+        await primary.stop()
+        await fallback.stop()
+
+
+async def test_a_reply_waiting_for_the_worker_fails_when_the_session_gives_up(gateway, open_session):
+    session, rec = open_session(conn_options=APIConnectOptions(max_retry=2, retry_interval=0.05, timeout=1))
+    await rec.wait_received("session.updated")
+    await gateway.crash()
+    reply = asyncio.ensure_future(session.generate_reply())
+    with pytest.raises(llm.RealtimeError, match="gave up"):
+        await asyncio.wait_for(reply, 10)
+
+
 async def test_gives_up_after_max_retry_with_one_unrecoverable_error(gateway, open_session):
     session, rec = open_session(conn_options=APIConnectOptions(max_retry=2, retry_interval=0.05, timeout=1))
     await rec.wait_received("session.updated")

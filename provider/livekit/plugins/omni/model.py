@@ -12,7 +12,7 @@ from livekit.agents import llm, utils
 from livekit.agents.types import NOT_GIVEN, APIConnectOptions, NotGivenOr
 from livekit.agents.utils import is_given
 
-from .options import DEFAULT_CONN_OPTIONS, ModelOptions, Truncation, check_truncation, resolve_api_key, resolve_url
+from .options import DEFAULT_CONN_OPTIONS, ModelOptions, Truncation, check_truncation, resolve_api_key, resolve_fallback_url, resolve_url
 from .session import RealtimeSession
 
 DEFAULT_VOICE = "Chelsie"
@@ -24,6 +24,11 @@ class RealtimeModel(llm.RealtimeModel):
     Args:
         url: the worker's realtime endpoint, `ws://HOST:PORT/v1/realtime` (a base such as
             `http://HOST:PORT` works too). Default: `$OMNI_URL`, else `ws://127.0.0.1:8000/v1/realtime`.
+        fallback_url: another worker to reconnect through while the one at `url` is down, in
+            the same forms: in Kubernetes, a Service over every replica, so that a call whose
+            worker crashed goes on through another one with its conversation (replayed) instead
+            of waiting minutes for its own to load again. Reconnection attempts alternate
+            between the two, the other one first. Default: `$OMNI_FALLBACK_URL`; none if unset.
         api_key: the worker's key (`Authorization: Bearer`). Default: `$OMNI_API_KEY`; none if unset.
         voice: the speaker (Qwen2.5-Omni: `Chelsie` or `Ethan`); unknown names fall back on the
             worker's default with a warning in the worker's log.
@@ -53,6 +58,7 @@ class RealtimeModel(llm.RealtimeModel):
         self,
         *,
         url: str | None = None,
+        fallback_url: str | None = None,
         api_key: str | None = None,
         voice: str = DEFAULT_VOICE,
         max_output_tokens: int | Literal["inf"] = "inf",
@@ -83,6 +89,7 @@ class RealtimeModel(llm.RealtimeModel):
             raise ValueError("max_output_tokens must be a positive number or 'inf'")
         self._opts = ModelOptions(
             url=resolve_url(url),
+            fallback_url=resolve_fallback_url(fallback_url),
             api_key=resolve_api_key(api_key),
             voice=voice,
             max_output_tokens=max_output_tokens,

@@ -13,6 +13,7 @@ from livekit.agents.types import APIConnectOptions
 
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/realtime"
 URL_ENV = "OMNI_URL"
+FALLBACK_URL_ENV = "OMNI_FALLBACK_URL"
 API_KEY_ENV = "OMNI_API_KEY"
 
 # A restarting worker needs a while to load and warm up (its /health says 503 meanwhile), so the
@@ -29,6 +30,8 @@ Truncation = Union[Literal["auto", "disabled"], Mapping[str, Any]]
 @dataclass
 class ModelOptions:
     url: str
+    fallback_url: str | None
+    """Another worker to reconnect through while `url`'s is down (a Service over every replica)."""
     api_key: str | None
     voice: str
     max_output_tokens: int | Literal["inf"]
@@ -47,19 +50,19 @@ class ModelOptions:
     """Sent in the session when given; None: the worker's default ("auto")."""
 
 
-def resolve_url(url: str | None) -> str:
-    """The worker's realtime WebSocket URL from an argument, $OMNI_URL or the default.
+def resolve_url(url: str | None, *, env: str = URL_ENV) -> str:
+    """The worker's realtime WebSocket URL from an argument, $OMNI_URL (or `env`) or the default.
 
     Accepts `ws(s)://host:port/v1/realtime`, or a base URL (`http://host:port`,
     `ws://host:port/v1`) to which `/v1/realtime` is added.
     """
-    raw = url or os.environ.get(URL_ENV) or DEFAULT_URL
+    raw = url or os.environ.get(env) or DEFAULT_URL
     parsed = urlparse(raw)
     scheme = {"http": "ws", "https": "wss"}.get(parsed.scheme, parsed.scheme)
     if scheme not in ("ws", "wss") or not parsed.hostname:
         raise ValueError(
             f"invalid omni worker URL {raw!r}: expected ws://HOST:PORT/v1/realtime "
-            f"(or http://HOST:PORT); set it with url= or ${URL_ENV}"
+            f"(or http://HOST:PORT); set it with url= or ${env}"
         )
     try:
         parsed.port  # noqa: B018 - raises ValueError on a port that is not a number
@@ -69,6 +72,12 @@ def resolve_url(url: str | None) -> str:
     if path in ("", "/v1"):
         path = "/v1/realtime"
     return urlunparse((scheme, parsed.netloc, path, "", parsed.query, ""))
+
+
+def resolve_fallback_url(url: str | None) -> str | None:
+    """The fallback worker's URL from an argument or $OMNI_FALLBACK_URL; None when neither."""
+    raw = url or os.environ.get(FALLBACK_URL_ENV)
+    return resolve_url(raw, env=FALLBACK_URL_ENV) if raw else None
 
 
 def resolve_api_key(api_key: str | None) -> str | None:

@@ -50,6 +50,8 @@ from .session_updates import SessionUpdates
 from .speculation import RewindInput, Speculation, SpeculativeReplies, adopted_future
 
 MIN_COMMIT_SAMPLES = audio.INPUT_SAMPLE_RATE // 10  # the worker refuses commits under 100 ms
+# the user's audio kept while the worker is being reconnected (one long question)
+MAX_OUTAGE_INPUT_SAMPLES = 30 * audio.INPUT_SAMPLE_RATE
 REPLAY_APPEND_BYTES = 5 * audio.INPUT_SAMPLE_RATE * 2  # 5 s per append (the worker takes 10 s)
 # Input kept before a turn's first speech: the VAD reports speech a few hundred ms after it
 # began (more on a loaded machine), and a word's onset must not be cut.
@@ -97,6 +99,8 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._connected_once = False
         self._failures = 0
+        self._url = self._opts.url  # the worker this session connects to now (or next)
+        self._outage_input_samples = 0  # user audio queued since the connection was lost
         self._closing = False
 
         self._turns = InputTurns()
@@ -208,10 +212,20 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
                 logger.warning("the omni worker rejected part of a chat context update: %s", rejected)
 
     def push_audio(self, frame: rtc.AudioFrame) -> None:
-        if self._connected_once and self._ws is None:
-            return  # reconnecting: audio of the outage would only reach the worker late
+        reconnecting = self._connected_once and self._ws is None
+        if reconnecting and self._outage_input_samples >= MAX_OUTAGE_INPUT_SAMPLES:
+            return  # a long outage: the words beyond it are not kept
         for chunk in self._input.push(frame):
+            # While the worker restarts, what the user says waits in the outbox and reaches the
+            # new worker after the replay: a question asked meanwhile is answered once it is back.
             self._send_input(chunk)
+            if reconnecting:
+                self._outage_input_samples += len(chunk) // 2
+        keep = int(TURN_PADDING_S * audio.INPUT_SAMPLE_RATE)
+        if reconnecting and not self._turns.speech_heard and self._turns.pushed_samples > 2 * keep:
+            # nobody speaks yet: the outage's silence would only lengthen the next turn
+            self._send(TrimInput(keep_bytes=2 * keep))
+            self._turns.pushed_samples = keep
 
     def push_video(self, frame: rtc.VideoFrame) -> None:
         pass  # the worker takes no video; RealtimeCapabilities has no flag for it
@@ -269,13 +283,13 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             text = wire.instructions_text(instructions)
             if self._instructions:
                 text = f"{self._instructions}\n{text}"
-        future = self._wait_for_response(create_id)
         event = wire.create_response(
             create_id,
             instructions=text,
             tool_choice=tool_choice if is_given(tool_choice) else None,
             tools=wire.tools_to_wire(tools) if is_given(tools) else None,
         )
+        future = self._wait_for_response(create_id, event)
         if self._speculation.withdrawn_commits:
             self._speculation.deferred.append(event)  # sent once the withdrawn turn is deleted
         else:
@@ -407,7 +421,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         self.emit("omni_speculative_reply", self._speculation.count("used"))
         self._speculation.used_creates.add(spec.create_id)
         if spec.generation is None:  # the worker has not created it yet: resolved when it does
-            return self._wait_for_response(spec.create_id)
+            return self._wait_for_response(spec.create_id, None)
         self._speculation.used_responses.add(spec.generation.response_id)
         created = spec.generation.created_event(user_initiated=True)
         self.emit("generation_created", created)
@@ -521,6 +535,8 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             self._turns.commit_sent(event_id)
         elif kind == "input_audio_buffer.clear":
             self._turns.clear_sent()
+        elif kind == "response.create":
+            self._reply_request_sent(event_id)
         else:
             self._item_ops.sent(event_id)
 
@@ -539,12 +555,34 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
                 f"{kind}: the omni worker did not confirm within {self._opts.update_timeout_s:g} s"
             ) from None
 
-    def _wait_for_response(self, create_id: str) -> asyncio.Future[llm.GenerationCreatedEvent]:
+    def _wait_for_response(self, create_id: str,
+                           request: wire.Event | None) -> asyncio.Future[llm.GenerationCreatedEvent]:
         """A future resolved by the response.created that echoes `create_id`, failed by the
-        worker's error for it or after `reply_timeout`; cancelled, the response is discarded."""
+        worker's error for it or `reply_timeout` after the request reached a worker (while the
+        worker is being reconnected it waits); cancelled, the response is discarded.
+        `request` is the response.create to send again if the worker is lost before it answers
+        (None: already sent, and a lost worker fails it)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[llm.GenerationCreatedEvent] = loop.create_future()
         self._replies.waiting[create_id] = future
+        self._replies.requests[create_id] = request
+        if request is None:
+            self._reply_request_sent(create_id)
+
+        def on_done(f: asyncio.Future[llm.GenerationCreatedEvent]) -> None:
+            self._replies.forget(create_id)
+            if f.cancelled() or f.exception() is not None:
+                # the worker may still create it: it is then cancelled and its items deleted
+                self._replies.discarded.add(create_id)
+
+        future.add_done_callback(on_done)
+        return future
+
+    def _reply_request_sent(self, create_id: str) -> None:
+        """A waiting reply's request reached a worker: its `reply_timeout` starts."""
+        future = self._replies.waiting.get(create_id)
+        if future is None or future.done():
+            return
 
         def on_timeout() -> None:
             if not future.done():
@@ -553,17 +591,9 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
                                       f"{self._opts.reply_timeout_s:g} s")
                 )
 
-        timer = loop.call_later(self._opts.reply_timeout_s, on_timeout)
-
-        def on_done(f: asyncio.Future[llm.GenerationCreatedEvent]) -> None:
+        if (timer := self._replies.timers.pop(create_id, None)) is not None:
             timer.cancel()
-            self._replies.waiting.pop(create_id, None)
-            if f.cancelled() or f.exception() is not None:
-                # the worker may still create it: it is then cancelled and its items deleted
-                self._replies.discarded.add(create_id)
-
-        future.add_done_callback(on_done)
-        return future
+        self._replies.timers[create_id] = asyncio.get_running_loop().call_later(self._opts.reply_timeout_s, on_timeout)
 
     # ================================================================== chat context diffs
 
@@ -618,12 +648,16 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
                                 f"gave up on the omni worker after {self._failures} retries: {e.message}",
                                 retryable=False,
                             )
+                        self._replies.fail_waiting(e.message)
                         self._emit_error(e, recoverable=False)
                         return
                     self._emit_error(e, recoverable=True)
+                    if self._opts.fallback_url is not None:  # the other worker first, then back
+                        other = {self._opts.url: self._opts.fallback_url, self._opts.fallback_url: self._opts.url}
+                        self._url = other[self._url]
                     delay = retry_delay(self._opts.conn_options, self._failures)
-                    logger.warning("%s; reconnecting in %.1f s (attempt %d of %d)", e.message, delay,
-                                   self._failures + 1, max_retry)
+                    logger.warning("%s; reconnecting to %s in %.1f s (attempt %d of %d)", e.message, self._url,
+                                   delay, self._failures + 1, max_retry)
                     await asyncio.sleep(delay)
                     self._failures += 1
                 except Exception as e:  # a bug of ours: end the session rather than hang it
@@ -634,11 +668,12 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         finally:
             self._outbox.close()
             self._connection_lost("the omni realtime session is closed")
+            self._replies.fail_waiting("the omni realtime session is closed")
             self._item_ops.reset()
 
     async def _connection(self) -> None:
         started = asyncio.get_running_loop().time()
-        ws = await connect(self._http_session(), self._opts.url, self._opts.api_key,
+        ws = await connect(self._http_session(), self._url, self._opts.api_key,
                            timeout=self._opts.conn_options.timeout)
         self._report_connection_acquired(asyncio.get_running_loop().time() - started)
         try:
@@ -647,8 +682,9 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             self._ws = ws
             self._connected_once = True
             self._failures = 0
+            self._outage_input_samples = 0
             if replay:
-                logger.info("reconnected to the omni worker at %s; conversation replayed", self._opts.url)
+                logger.info("reconnected to the omni worker at %s; conversation replayed", self._url)
                 self.emit("session_reconnected", llm.RealtimeSessionReconnectedEvent())
             await self._serve(ws)
         finally:
@@ -692,6 +728,8 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         for op in resend:
             await self._send_now(ws, op.event)  # sent on the lost socket, never answered
         await self._replay_input_audio(ws)
+        for request in self._replies.unanswered():
+            await self._send_now(ws, request)  # the question came; the lost worker never answered
 
     async def _replay_input_audio(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         """Input the lost worker had but never turned into an item: commits, then the open turn."""
