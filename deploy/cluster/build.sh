@@ -2,7 +2,7 @@
 # Builds the binaries of a one-node Kubernetes cluster from the Go module proxy, once per machine:
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl
 #   (k8s.io/kubernetes), etcd, containerd + its runc shim + ctr, metrics-server,
-#   kube-network-policies, and a pause binary for the pod sandbox image.
+#   kube-router (its NetworkPolicy firewall only), and a pause binary for the pod sandbox image.
 # Output: $CLUSTER_CACHE/bin (default ~/.cache/omni-voice-agent/cluster/<k8s version>/bin).
 # A binary already there is not built again; delete it (or the directory) to rebuild.
 # runc and the CNI plugins come from Debian (up.sh installs them).
@@ -112,7 +112,7 @@ require github.com/containerd/containerd/v2 ${CONTAINERD_VERSION}" "${pkgs[@]}"
         -o "$bin/" "${pkgs[@]}") || die "building containerd failed"
 fi
 
-# --- metrics-server and kube-network-policies (run as pods; up.sh makes their images) --------
+# --- metrics-server and kube-router (processes on the node, started by up.sh) ----------------
 if [[ -n "$(missing metrics-server)" ]]; then
     say "metrics-server ${METRICS_SERVER_VERSION}"
     build_module metrics-server "module omni-voice-agent/cluster/metrics-server
@@ -123,17 +123,16 @@ require sigs.k8s.io/metrics-server ${METRICS_SERVER_VERSION}" sigs.k8s.io/metric
     (cd "$src/metrics-server" && go build -ldflags "-s -w" -o "$bin/metrics-server" \
         sigs.k8s.io/metrics-server/cmd/metrics-server) || die "building metrics-server failed"
 fi
-if [[ -n "$(missing kube-network-policies)" ]]; then
-    say "kube-network-policies ${KUBE_NETWORK_POLICIES_VERSION}"
-    build_module kube-network-policies "module omni-voice-agent/cluster/kube-network-policies
+if [[ -n "$(missing kube-router)" ]]; then
+    say "kube-router ${KUBE_ROUTER_VERSION}"
+    build_module kube-router "module omni-voice-agent/cluster/kube-router
 
 go ${GO_MIN}
 
-require sigs.k8s.io/kube-network-policies ${KUBE_NETWORK_POLICIES_VERSION}" \
-        sigs.k8s.io/kube-network-policies/cmd
-    (cd "$src/kube-network-policies" && go build -ldflags "-s -w" -o "$bin/kube-network-policies" \
-        sigs.k8s.io/kube-network-policies/cmd) \
-        || die "building kube-network-policies failed"
+require github.com/cloudnativelabs/kube-router/v2 ${KUBE_ROUTER_VERSION}" \
+        github.com/cloudnativelabs/kube-router/v2/cmd/kube-router
+    (cd "$src/kube-router" && go build -ldflags "-s -w" -o "$bin/kube-router" \
+        github.com/cloudnativelabs/kube-router/v2/cmd/kube-router) || die "building kube-router failed"
 fi
 
 # --- pause: the pod sandbox's process (no registry for registry.k8s.io/pause here) ------------

@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 say() { printf '\n[cluster ci] %s\n' "$*"; }
 
-packages=(podman runc catatonit debootstrap containernetworking-plugins iptables conntrack nftables curl iproute2 openssl)
+packages=(podman runc catatonit debootstrap containernetworking-plugins iptables ipset conntrack nftables curl iproute2 openssl)
 missing=()
 for pkg in "${packages[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stops what up.sh started and undoes its changes to the host: the pods' containers, the
-# processes, the pod bridge, kube-proxy's and kube-network-policies' rules, the node address
+# processes, the pod bridge, kube-proxy's and kube-router's rules, the node address
 # on lo, the sysctls. Keeps the cached binaries, the certificates and containerd's images
 # (the next up.sh is quick); `down.sh --purge` removes the state directory too.
 set -uo pipefail
@@ -32,7 +32,7 @@ if [[ -S "$CONTAINERD_SOCK" ]]; then
         ctr_k8s containers delete "$c" >/dev/null 2>&1
     done
 fi
-for name in metrics-server kube-proxy kube-scheduler kube-controller-manager kube-apiserver containerd etcd; do
+for name in kube-router metrics-server kube-proxy kube-scheduler kube-controller-manager kube-apiserver containerd etcd; do
     stop_process "$name"
 done
 # Shims left behind by a killed containerd (their command line names our socket).
@@ -59,8 +59,10 @@ if command -v iptables >/dev/null; then
         done
     done
 fi
+# kube-router's chains and ipsets (it removes its own rules, and only those)
+[[ -x "$BIN/kube-router" ]] && "$BIN/kube-router" --cleanup-config >/dev/null 2>&1
 if command -v nft >/dev/null; then
-    for table in kube-network-policies kube-proxy; do
+    for table in kube-proxy; do
         for family in inet ip ip6; do nft delete table "$family" "$table" 2>/dev/null; done
     done
 fi

@@ -4,8 +4,8 @@
 # - the project's images, built with podman by the smoke run's own code when missing or
 #   changed (deploy/smoke/run.py --images-only), re-tagged :cluster so the kubelet never tries
 #   to pull them (a :latest tag would mean imagePullPolicy Always);
-# - three made here from files on this machine, since no registry is reachable: the pod
-#   sandbox (pause), kube-network-policies, and LiveKit (the server binary of
+# - two made here from files on this machine, since no registry is reachable: the pod
+#   sandbox (pause) and LiveKit (the server binary of
 #   scripts/install-livekit-server.sh in the smoke run's Debian base image).
 # An image whose podman id is already in containerd is not imported again.
 set -euo pipefail
@@ -34,7 +34,6 @@ from_binary() {  # image, binary, [base image]: a one-binary image
     rm -rf "$dir"
 }
 from_binary "$PAUSE_IMAGE" "$BIN/pause"
-from_binary localhost/omni-cluster/kube-network-policies:local "$BIN/kube-network-policies"
 livekit_bin="$("$python" -c 'from scripts.stack import find_livekit_server as f; p = f(); print(p.resolve() if p else "")')"
 [[ -n "$livekit_bin" ]] || die "no LiveKit server binary: run scripts/install-livekit-server.sh"
 from_binary localhost/omni-cluster/livekit-server:local "$livekit_bin" localhost/debian-base:bookworm
@@ -52,7 +51,6 @@ import_image() {  # podman image, name in containerd
     echo "$id" >"$STATE/imported/${2//\//_}"
 }
 import_image "$PAUSE_IMAGE" "$PAUSE_IMAGE"
-import_image localhost/omni-cluster/kube-network-policies:local localhost/omni-cluster/kube-network-policies:local
 import_image localhost/omni-cluster/livekit-server:local localhost/omni-cluster/livekit-server:local
 import_image localhost/omni-voice-agent/omni-worker-cpu:latest localhost/omni-voice-agent/omni-worker-cpu:cluster
 import_image localhost/omni-voice-agent/agent:latest localhost/omni-voice-agent/agent:cluster

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Starts a one-node Kubernetes cluster on this machine, as root, from the binaries build.sh
 # cached: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, containerd (runc),
-# kubelet, kube-proxy (iptables), a bridge CNI network, metrics-server and
-# kube-network-policies; then imports the images into containerd. down.sh stops it all.
+# kubelet, kube-proxy (iptables), a bridge CNI network, metrics-server and kube-router's
+# NetworkPolicy firewall; then imports the images into containerd. down.sh stops it all.
 #
 #   deploy/cluster/up.sh            # prints the kubeconfig path at the end
 #   KUBECONFIG=$(deploy/cluster/up.sh --kubeconfig) kubectl get nodes
@@ -10,7 +10,7 @@
 # What it changes on the host, all undone by down.sh: the node address 10.255.0.1/32 on lo
 # (the node's InternalIP: the API server, the kubelet and metrics-server listen there, never
 # on the host's own interfaces), the pod bridge omni-cni0 (10.244.0.0/24) the CNI plugin
-# makes, kube-proxy's and kube-network-policies' iptables/nftables rules, net.ipv4.ip_forward
+# makes, kube-proxy's and kube-router's iptables rules and ipsets, net.ipv4.ip_forward
 # (the bridge plugin sets it) and the sysctls the kubelet sets (vm.overcommit_memory,
 # kernel.panic, kernel.panic_on_oops). Nothing listens on a non-loopback host address.
 set -euo pipefail
@@ -26,27 +26,21 @@ if [[ "${1:-}" == "--kubeconfig" ]]; then echo "$KUBECONFIG_ADMIN"; exit 0; fi
 
 # --- what must be there -----------------------------------------------------------------------
 for name in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl \
-            containerd containerd-shim-runc-v2 ctr metrics-server kube-network-policies pause; do
+            containerd containerd-shim-runc-v2 ctr metrics-server kube-router pause; do
     [[ -x "$BIN/$name" ]] || die "missing $BIN/$name: run deploy/cluster/build.sh first"
 done
-for cmd in runc openssl iptables ip conntrack nft podman; do
-    command -v "$cmd" >/dev/null || die "missing $cmd: apt-get install runc openssl iptables iproute2 conntrack nftables podman"
+for cmd in runc openssl iptables ipset ip conntrack podman; do
+    command -v "$cmd" >/dev/null || die "missing $cmd: apt-get install runc openssl iptables ipset iproute2 conntrack podman"
 done
 for plugin in bridge host-local loopback portmap; do
     [[ -x "$CNI_BIN/$plugin" ]] || die "missing CNI plugin $CNI_BIN/$plugin: apt-get install containernetworking-plugins"
 done
 grep -qw overlay /proc/filesystems || die "the kernel has no overlay file system (containerd's snapshotter)"
 [[ -d /proc/sys/net/bridge ]] || die "no br_netfilter (/proc/sys/net/bridge): Services between pods need it"
-# kube-network-policies hands new connections to userspace with an nftables `queue` rule; a kernel
-# without nft_queue (this project's VM kernel, 6.18-fc) refuses the rule and nothing is enforced.
-nft_queue_probe() {
-    nft add table inet omni-probe && nft add chain inet omni-probe c '{ type filter hook forward priority 0; }' \
-        && nft add rule inet omni-probe c ip daddr 192.0.2.1 queue num 100 bypass
-}
-if ! nft_queue_probe >/dev/null 2>&1; then
-    say "warning: this kernel has no nftables queue (nft_queue): NetworkPolicies will NOT be enforced"
-fi
-nft delete table inet omni-probe 2>/dev/null || true
+# kube-router enforces NetworkPolicies with iptables and ipsets (kube-network-policies needs an
+# nftables `queue`, which this project's VM kernel, 6.18-fc, does not have).
+ipset create omni-probe hash:ip 2>/dev/null && ipset destroy omni-probe \
+    || die "the kernel has no ipset (CONFIG_IP_SET): kube-router cannot enforce NetworkPolicies"
 [[ ! -S "$RUN/containerd.sock" ]] || ! "$BIN/ctr" --address "$RUN/containerd.sock" version >/dev/null 2>&1 \
     || die "a cluster is already running (deploy/cluster/down.sh stops it)"
 for port in 6443 10250 23790 23800 4443; do
@@ -284,7 +278,7 @@ wait_for "the node" 120 "$BIN/kubectl" get node "$NODE_NAME"
 say "kube-proxy (iptables)"
 start kube-proxy "$BIN/kube-proxy" --config "$CONF/kube-proxy.yaml"
 
-say "add-ons: metrics-server (a process on the node, as an APIService), kube-network-policies (a DaemonSet)"
+say "add-ons: metrics-server (a process on the node, as an APIService), kube-router's NetworkPolicy firewall"
 "$BIN/kubectl" apply -f "$here/addons/" >"$LOGS/addons.log"
 start metrics-server "$BIN/metrics-server" --kubeconfig "$KUBECONFIG_ADMIN" \
     --authentication-kubeconfig "$KUBECONFIG_ADMIN" --authorization-kubeconfig "$KUBECONFIG_ADMIN" \
@@ -293,6 +287,10 @@ start metrics-server "$BIN/metrics-server" --kubeconfig "$KUBECONFIG_ADMIN" \
     --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
     --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
     --kubelet-preferred-address-types InternalIP --metric-resolution 15s
+# The firewall part of kube-router only: routes and Services stay with the bridge and kube-proxy.
+start kube-router "$BIN/kube-router" --kubeconfig "$KUBECONFIG_ADMIN" --hostname-override "$NODE_NAME" \
+    --run-firewall=true --run-router=false --run-service-proxy=false --enable-cni=false \
+    --health-port 0 --metrics-port 0 --iptables-sync-period 30s
 
 wait_for "the node Ready" 180 bash -c \
     "'$BIN/kubectl' get node '$NODE_NAME' -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"

@@ -10,19 +10,21 @@ from agent.config import AgentSettings
 
 def test_defaults_match_the_local_stack(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("LIVEKIT_URL", "LIVEKIT_API_KEY", "LIVEKIT_API_SECRET", "OMNI_URL", "OMNI_API_KEY",
-                 "AGENT_VOICE", "AGENT_GREETING", "AGENT_NAME", "LIVEKIT_AGENT_NAME"):
+                 "OMNI_FALLBACK_URL", "AGENT_VOICE", "AGENT_GREETING", "AGENT_NAME", "LIVEKIT_AGENT_NAME"):
         monkeypatch.delenv(name, raising=False)
     s = AgentSettings()
     assert s.livekit_url == "ws://127.0.0.1:7880"
     assert (s.livekit_api_key, s.livekit_api_secret.get_secret_value()) == ("devkey", "secret")
     assert s.omni_url == "ws://127.0.0.1:8000/v1/realtime"
     assert s.omni_api_key is None
+    assert s.omni_fallback_url is None
     assert s.agent_name == ""
 
 
 def test_reads_the_documented_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMNI_URL", "wss://gpu-7.internal:9000/v1/realtime")
     monkeypatch.setenv("OMNI_API_KEY", "k")
+    monkeypatch.setenv("OMNI_FALLBACK_URL", "ws://omni-worker:8000/v1/realtime")
     monkeypatch.setenv("AGENT_INSTRUCTIONS", "Speak like a pirate.")
     monkeypatch.setenv("AGENT_VOICE", "Ethan")
     monkeypatch.setenv("AGENT_GREETING", "")
@@ -33,12 +35,14 @@ def test_reads_the_documented_environment(monkeypatch: pytest.MonkeyPatch) -> No
     assert s.greeting == ""
     assert s.false_interruption_timeout_s == 1.5
     assert s.omni_api_key is not None and s.omni_api_key.get_secret_value() == "k"
+    assert s.omni_fallback_url == "ws://omni-worker:8000/v1/realtime"
     # The load check talks to the same worker over HTTP(S).
     assert s.omni_health_url == "https://gpu-7.internal:9000/health"
 
 
 @pytest.mark.parametrize(("name", "value"), [
     ("OMNI_URL", "http://127.0.0.1:8000/v1/realtime"),
+    ("OMNI_FALLBACK_URL", "omni-worker:8000"),
     ("LIVEKIT_URL", "127.0.0.1:7880"),
     ("AGENT_LOAD_THRESHOLD", "1.5"),
     ("AGENT_MIN_INTERRUPTION_S", "0"),

@@ -14,12 +14,15 @@
    call goes on through its pod's drain (the agent's SIGTERM drain, the worker's preStop hook,
    readiness 503 while draining, the PodDisruptionBudget), answers again, and ends when its
    caller leaves; the replaced pods take new calls. Calls dropped D of N.
-5. The worker killed mid-call (SIGKILL to its container): the kubelet restarts it, the agent's
-   plugin reconnects and replays the conversation, and the call answers again. Kept K of M.
-6. The NetworkPolicy (kube-network-policies): a pod in another namespace cannot reach the
-   worker's port; one in `monitoring` can.
-7. metrics-server serves the pods' usage (`kubectl top`), what a CPU HorizontalPodAutoscaler
-   would read.
+5. The worker killed mid-call (SIGKILL to its container), a question asked at once: the agent's
+   plugin reconnects through the omni-worker Service to the other pod's worker, replays the
+   conversation there, and the question is answered; the kubelet restarts the killed worker.
+   Kept K of M.
+6. The NetworkPolicy (enforced by kube-router): a pod in another namespace cannot reach the
+   worker's port; the other omni-agent pod and one in `monitoring` can.
+7. metrics-server serves the pods' usage (`kubectl top`).
+8. The HorizontalPodAutoscaler (the overlay's: CPU from metrics-server) scales omni-agent out
+   under calls and back in after them; its events go into the results.
 
 Writes bench/results/<date>-k8s-cluster.txt with
 `k8s rollout: calls dropped D of N, worker kill: conversations kept K of M`.
@@ -182,8 +185,6 @@ def deploy(report: Report, api_secret: str) -> None:
             started = time.monotonic()
             kubectl("-n", ns, "rollout", "status", f"deployment/{deployment}", "--timeout=900s", timeout=960)
             report.fact(f"  {ns}/{deployment}: rolled out in {time.monotonic() - started:.0f} s")
-        kubectl("-n", "kube-system", "rollout", "status", "daemonset/kube-network-policies", "--timeout=300s",
-                timeout=330)
         pods = []
         for ns in (NAMESPACE, "livekit", "kube-system"):
             pods += kubectl_json("-n", ns, "get", "pods")["items"]
@@ -307,16 +308,27 @@ def check_rollout(report: Report, api_secret: str) -> tuple[int, int]:
     return dropped, total
 
 
+def worker_sessions(pod: str) -> int | None:
+    """Sessions the pod's omni worker holds now (its /health, read inside the container)."""
+    probe = ("import json,urllib.request,urllib.error\n"
+             "try:\n r = urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=5)\n"
+             "except urllib.error.HTTPError as e:\n r = e\nprint(json.load(r)['sessions'])\n")
+    out = kubectl("-n", NAMESPACE, "exec", pod, "-c", "omni-worker", "--", "python", "-c", probe, check=False)
+    return int(out) if out.isdigit() else None
+
+
 def check_worker_kill(report: Report, api_secret: str, calls_m: int) -> tuple[int, int]:
-    """SIGKILL to the omni-worker container of a call's pod, mid-call."""
+    """SIGKILL to the omni-worker container of a call's pod, mid-call, and a question at once:
+    the call must go on through the other pod's worker (the omni-worker Service, the agent's
+    OMNI_FALLBACK_URL) with its conversation."""
     async def run() -> tuple[int, int]:
         kept = 0
         for i in range(calls_m):
-            wait_ready_agents(2, 600)
+            pods = wait_ready_agents(2, 600)
             call = await Call.start(api_secret)
             try:
                 await call.ask()
-                pod = pod_of_room(call.room, [p["metadata"]["name"] for p in agent_pods()])
+                pod = pod_of_room(call.room, pods)
                 status = kubectl_json("-n", NAMESPACE, "get", "pod", pod)["status"]["containerStatuses"]
                 worker = next(s for s in status if s["name"] == "omni-worker")
                 restarts = worker["restartCount"]
@@ -325,17 +337,30 @@ def check_worker_kill(report: Report, api_secret: str, calls_m: int) -> tuple[in
                                check=True, capture_output=True, timeout=30)
                 try:
                     latency = await call.ask("e2e_q2_weather.wav")
-                    restarted = kubectl_json("-n", NAMESPACE, "get", "pod", pod)["status"]["containerStatuses"]
-                    now = next(s for s in restarted if s["name"] == "omni-worker")["restartCount"]
-                    if now <= restarts:
-                        raise ClusterError(f"{pod}: the worker was not restarted (restartCount {now})")
-                    kept += 1
-                    report.fact(f"  call {i + 1} ({call.room} on {pod}): worker killed, restarted "
-                                f"(restartCount {now}), answered {latency:.1f} s after the next question")
                 except (TimeoutError, asyncio.TimeoutError) as e:
                     report.fact(f"  call {i + 1} ({call.room} on {pod}): LOST after the worker kill: {e}")
+                    continue
+                log = kubectl("-n", NAMESPACE, "logs", pod, "-c", "agent", check=False)
+                replayed = [line for line in log.splitlines() if "conversation replayed" in line]
+                where = {p: worker_sessions(p) for p in [q["metadata"]["name"] for q in agent_pods()]}
+                now = restarts
+                for _ in range(30):  # the kubelet restarts the killed worker (back-off: seconds)
+                    status = kubectl_json("-n", NAMESPACE, "get", "pod", pod)["status"]["containerStatuses"]
+                    now = next(s for s in status if s["name"] == "omni-worker")["restartCount"]
+                    if now > restarts:
+                        break
+                    await asyncio.sleep(2.0)
+                report.fact(f"  call {i + 1} ({call.room} on {pod}): worker killed; the question after it answered "
+                            f"{latency:.1f} s after it was asked; sessions now {where}; agent: "
+                            f"{replayed[-1].strip()[-160:] if replayed else 'no replay logged'}; "
+                            f"the killed worker restarted (restartCount {restarts} -> {now})")
+                if replayed and any(n for p, n in where.items() if p != pod) and now > restarts:
+                    kept += 1
+                else:
+                    report.fact(f"  call {i + 1}: not counted as kept (no replay, not on another pod, or no restart)")
             finally:
                 await call.caller.aclose()
+                await asyncio.sleep(5.0)  # the session leaves the other worker before the next call
         return kept, calls_m
 
     with report.step("the omni worker killed mid-call"):
@@ -345,8 +370,10 @@ def check_worker_kill(report: Report, api_secret: str, calls_m: int) -> tuple[in
 
 
 def check_network_policy(report: Report) -> None:
-    """A pod in `default` must not reach the worker's port 8000; one in `monitoring` may."""
-    pod = agent_pods()[0]
+    """Who reaches the worker's port 8000 of one omni-agent pod: not a pod in `default`; the
+    other omni-agent pod's agent (its fallback) and a pod in `monitoring` (Prometheus) may."""
+    pods = agent_pods()
+    pod, other = pods[0], pods[1]
     target = f"{pod['status']['podIP']}:8000"
     image = next(c["image"] for c in pod["spec"]["containers"] if c["name"] == "agent")
     probe = ("import socket,sys\ntry:\n socket.create_connection(('%s', 8000), timeout=5).close(); print('open')\n"
@@ -359,8 +386,87 @@ def check_network_policy(report: Report) -> None:
                           "--image-pull-policy=Never", "--command", "--", "python", "-c", probe, timeout=180)
             results[ns] = "open" if "open" in out.split() else "closed"
             report.fact(f"  from a pod in namespace {ns}: {results[ns]}")
-        if results != {"default": "closed", "monitoring": "open"}:
+        out = kubectl("-n", NAMESPACE, "exec", other["metadata"]["name"], "-c", "agent", "--", "python", "-c", probe,
+                      timeout=60)
+        results["omni-agent"] = "open" if "open" in out.split() else "closed"
+        report.fact(f"  from the other omni-agent pod's agent ({other['metadata']['name']}): {results['omni-agent']}")
+        if results != {"default": "closed", "monitoring": "open", "omni-agent": "open"}:
             raise ClusterError(f"the NetworkPolicy is not enforced as written: {results}")
+
+
+def hpa_state() -> tuple[int, int, str]:
+    """The omni-agent HPA's current and desired replicas and its CPU utilization now."""
+    status = kubectl_json("-n", NAMESPACE, "get", "hpa", "omni-agent")["status"]
+    cpu = next((m["resource"]["current"].get("averageUtilization") for m in status.get("currentMetrics") or []
+                if m.get("type") == "Resource"), None)
+    return status.get("currentReplicas", 0), status.get("desiredReplicas", 0), f"{cpu}%" if cpu is not None else "?"
+
+
+def check_hpa(report: Report, api_secret: str, calls_n: int) -> None:
+    """Calls that keep asking until the HPA scales omni-agent out, then none until it scales in."""
+    async def load(stop: asyncio.Event) -> int:
+        calls: list[Call] = []
+        asked = 0
+        try:
+            for _ in range(calls_n):
+                calls.append(await Call.start(api_secret))
+
+            async def keep_asking(call: Call) -> None:
+                nonlocal asked
+                while not stop.is_set():
+                    await call.ask("e2e_q2_weather.wav")
+                    asked += 1
+
+            tasks = [asyncio.create_task(keep_asking(c)) for c in calls]
+            await stop.wait()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            for c in calls:
+                await c.caller.aclose()
+        return asked
+
+    async def run() -> None:
+        wait_ready_agents(2, 600)
+        start = time.monotonic()
+        report.fact(f"  before: replicas, desired, CPU = {hpa_state()}")
+        stop = asyncio.Event()
+        loader = asyncio.create_task(load(stop))
+        out_at = None
+        while time.monotonic() - start < 600 and not loader.done():
+            current, desired, cpu = hpa_state()
+            if desired > 2 or current > 2:
+                out_at = time.monotonic() - start
+                report.fact(f"  under {calls_n} calls: replicas {current} -> desired {desired} at CPU {cpu}, "
+                            f"{out_at:.0f} s after the calls began")
+                break
+            await asyncio.sleep(10.0)
+        stop.set()
+        asked = await loader
+        report.fact(f"  the callers asked {asked} questions, then hung up")
+        if out_at is None:
+            raise ClusterError(f"the HPA did not scale out within 600 s under {calls_n} calls: {hpa_state()}")
+        ended = time.monotonic()
+        while time.monotonic() - ended < 600:
+            current, desired, cpu = hpa_state()
+            if current <= 2 and desired <= 2:
+                report.fact(f"  after the calls: back to {current} replicas at CPU {cpu}, "
+                            f"{time.monotonic() - ended:.0f} s after they ended")
+                break
+            await asyncio.sleep(10.0)
+        else:
+            raise ClusterError(f"the HPA did not scale back in within 600 s: {hpa_state()}")
+
+    with report.step(f"HorizontalPodAutoscaler: out under {calls_n} calls and back in"):
+        try:
+            asyncio.run(run())
+        finally:
+            events = kubectl("-n", NAMESPACE, "get", "events", "--field-selector",
+                             "involvedObject.kind=HorizontalPodAutoscaler", "-o",
+                             "custom-columns=TIME:.lastTimestamp,REASON:.reason,MESSAGE:.message", check=False)
+            for line in events.splitlines():
+                report.fact(f"  event: {line}")
 
 
 def check_metrics(report: Report) -> None:
@@ -405,7 +511,7 @@ def write_results(report: Report, verdict: str, rollout: tuple[int, int] | None,
     print(f"results: {path}")
 
 
-CHECKS = ("spread", "rollout", "kill", "netpol", "metrics")
+CHECKS = ("spread", "rollout", "kill", "netpol", "metrics", "hpa")
 
 
 def main() -> int:
@@ -447,7 +553,8 @@ def main() -> int:
               "rollout": lambda: results.__setitem__("rollout", check_rollout(report, api_secret)),
               "kill": lambda: results.__setitem__("kill", check_worker_kill(report, api_secret, args.kills)),
               "netpol": lambda: check_network_policy(report),
-              "metrics": lambda: check_metrics(report)}
+              "metrics": lambda: check_metrics(report),
+              "hpa": lambda: check_hpa(report, api_secret, args.calls)}
     for name in wanted:
         try:
             checks[name]()

@@ -50,8 +50,12 @@ def test_every_patched_path_exists_in_the_base():
     for patch in overlay()["patches"]:
         base = base_object(patch["target"]["kind"], patch["target"]["name"])
         for op in yaml.safe_load(patch["patch"]):
-            assert op["op"] == "replace", op
-            resolve(base, op["path"])  # KeyError / IndexError: the patch misses its target
+            assert op["op"] in ("replace", "add"), op
+            if op["op"] == "replace":
+                resolve(base, op["path"])  # KeyError / IndexError: the patch misses its target
+            else:  # a field the base leaves out, in an object it has
+                parent, _, field = op["path"].rpartition("/")
+                assert field not in resolve(base, parent), op
 
 
 def test_index_patches_hit_the_containers_they_name():
@@ -72,6 +76,19 @@ def test_livekit_address_agrees_everywhere():
     assert config["/data/LIVEKIT_URL"] == address == cluster_run.LIVEKIT_URL
     assert web["/spec/template/spec/containers/0/env/0/value"] == address
     assert config["/data/OMNI_ENGINE"] == "reference" and config["/data/OMNI_MODEL"] == "tiny-random"
+
+
+def test_the_fallback_url_is_the_worker_service_at_its_fixed_address():
+    config = {op["path"]: op["value"] for op in patch_ops("ConfigMap", "omni-agent-config")}
+    service = base_object("Service", "omni-worker")
+    address = next(op["value"] for op in patch_ops("Service", "omni-worker") if op["path"] == "/spec/clusterIP")
+    assert config["/data/OMNI_FALLBACK_URL"] == f"ws://{address}:{service['spec']['ports'][0]['port']}/v1/realtime"
+    # the Service selects the pods whose worker container names the port it targets
+    pod = base_object("Deployment", "omni-agent")["spec"]["template"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    worker = pod["spec"]["containers"][0]
+    assert service["spec"]["ports"][0]["targetPort"] in {p["name"] for p in worker["ports"]}
+    assert base_object("ConfigMap", "omni-agent-config")["data"]["OMNI_FALLBACK_URL"].startswith("ws://omni-worker:")
 
 
 def test_images_are_the_imported_ones_and_never_pulled():
