@@ -50,6 +50,11 @@ if __package__ in (None, ""):
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
     sys.path[:0] = [str(_here.parent), str(_here.parent / "provider")]
 
+if __name__ == "__main__":  # `omni-agent` does this in agent/launch.py
+    from agent.launch import stop_while_starting
+
+    stop_while_starting()
+
 from livekit.agents import Agent, AgentSession, JobContext, JobProcess, WorkerOptions, cli, inference, llm, room_io
 from livekit.agents.ipc.inference_executor import InferenceExecutor
 from livekit.agents.worker import ServerEnvOption
