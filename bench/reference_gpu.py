@@ -111,10 +111,6 @@ VARIANTS = {
     "steps5": dict(ode_steps=5, first_ode_steps=5),
     "dit-fp32": dict(token2wav_dtype="float32"),   # transformers' token2wav dtype
     "dit-bf16": dict(token2wav_dtype="bfloat16"),
-    # the decoder layers' matrix products in FP8 (fp8.py). The model is quantized in place, so
-    # these come after every variant without them, and fp8-both after fp8.
-    "fp8": dict(fp8="thinker"),
-    "fp8-both": dict(fp8="thinker,talker"),
 }
 
 # Finished.timings entries on the path to the first audio, printed per level (medians)
@@ -882,10 +878,6 @@ def main() -> None:
     unknown = [name for name in args.variants.split(",") if name not in VARIANTS]
     if unknown:
         parser.error(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
-    quantized = [len(VARIANTS[name].get("fp8", "").split(",")) if VARIANTS[name].get("fp8") else 0
-                 for name in args.variants.split(",")]
-    if quantized != sorted(quantized):
-        parser.error("variants with fp8 quantize the model in place: list them last, fp8 before fp8-both")
     if args.sessions is None:
         args.sessions = "1,4" if args.tiny else "1,4,8,16,32,64"
     if args.conversation is None:

@@ -26,7 +26,6 @@ from ..exceptions import EngineError
 from ..tool_calls import OPEN_TAG
 from ..truncation import fit_context
 from .constrained import CLOSING_LIMIT, GrammarFactory
-from . import fp8 as fp8_layers
 from .compiled import set_cache_dir
 from .core import EngineCore
 from .kv_pool import kv_bytes_per_token
@@ -190,12 +189,6 @@ class ReferenceEngine(OmniEngine):
         whose steps are too slow for it).
       talker_ahead_chunks: a talker this many chunks' worth of codes ahead of its audio waits
         for token2wav (default 2; 0: no limit). See scheduler.py.
-      fp8: the decoder layers whose matrix products run in float8 (fp8.py): "" (default),
-        "thinker", "talker" or "thinker,talker"; Qwen2.5-Omni, on a GPU with FP8 units
-        (compute capability 8.9+: Ada, Hopper) or the CPU. Weights per output channel and
-        activations per row scaled into e4m3: the thinker's decode step reads half the bytes.
-        Its distance from float32 at the 7B shapes is in docs/reference-engine.md
-        (`bench/fp8_distance.py`); with real weights, listen before you rely on it.
       cuda_graphs: capture the thinker's and talker's decode steps per batch-size bucket,
         prompt chunks per (length bucket, attention window), the token2wav ODE and the
         vocoder per batch bucket, at start-up (default True on cuda; cuda only).
@@ -247,7 +240,7 @@ class ReferenceEngine(OmniEngine):
                  lookback_blocks: int = 2, first_lookahead_blocks: int | None = None,
                  first_ode_steps: int | None = None, ramp_chunks: int | None = None,
                  quick_start_below: int | None = None, talker_ahead_chunks: int = AHEAD_CHUNKS,
-                 cuda_graphs: bool | None = None, fused_vocoder: bool | None = None, fp8: str = "",
+                 cuda_graphs: bool | None = None, fused_vocoder: bool | None = None,
                  compile: bool | None = None, compile_cache_dir: str | None = None,
                  code2wav_first_frames: int = 2, code2wav_chunk_frames: int = 4,
                  code2wav_left_context: int = 25,
@@ -270,11 +263,6 @@ class ReferenceEngine(OmniEngine):
             raise ValueError(f"target_kv_slots must be between 1 and {MAX_SLOTS}")
         self.target_kv_slots = target_kv_slots
         self.family = family_for(model)
-        self.fp8 = fp8_layers.parse_parts(fp8)
-        if self.fp8 and self.family.name != "qwen2.5-omni":
-            raise ValueError(f"fp8 is built for Qwen2.5-Omni's dense decoder layers, not {self.family.name}")
-        if self.fp8 and (reason := fp8_layers.supported(self.device)):
-            raise ValueError(f"fp8: {reason}")
         tiny = model in ("tiny-random", QWEN3_TINY)
         reply_defaults = TINY_RANDOM_REPLY if tiny else REPLY
         max_new_tokens = reply_defaults.max_new_tokens if max_new_tokens is None else max_new_tokens
@@ -341,8 +329,6 @@ class ReferenceEngine(OmniEngine):
             set_cache_dir(self.compile_cache_dir or cache_root() / "compile")
         model = loaded.model
         family = self.family
-        if self.fp8:  # before the KV pool is sized: the memory it frees goes to the pool
-            await asyncio.to_thread(fp8_layers.apply, model, self.fp8)
         self.voices = family.voices(model)
         if not self.voices:
             raise EngineError(f"{self.model} has no speakers")
