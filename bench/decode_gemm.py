@@ -1,0 +1,142 @@
+"""The decode step's matrix products at Qwen2.5-Omni-7B shapes, one kernel choice at a time (GPU).
+
+    python bench/decode_gemm.py
+
+A 7B thinker decode step takes 5.1 ms on an H200 whatever the batch (1 to 32), where reading
+its 15 GB of weights once at the card's bandwidth would take about 3.3 ms. This measures the
+products alone, per batch size, each replayed from a CUDA graph (median of 50), and prints the
+bandwidth each reaches (weight bytes / time):
+
+- `bf16`: `F.linear` in bfloat16 (cuBLAS; what the engine runs);
+- `bf16 fused`: the same with q, k, v as one product and gate, up as one;
+- `fp8 rowwise`: `torch._scaled_mm`, float8 e4m3 weights with a scale per output channel and
+  the activation rows quantized on the fly (the recipe of the engine's former `fp8` option);
+- `fp8 tensorwise`: the same with one scale per tensor (cuBLASLt's FP8 path);
+- `fp8 weight-only`: float8 weights widened to bfloat16 inside a compiled function, the
+  activations untouched (inductor decides whether the widening fuses into the product).
+
+A layer's seven products are timed together (q, k, v, o, gate, up, down), times the layers
+(28 in the thinker, 24 in the talker), to set beside the whole decode steps' times
+(`bench/reference_gpu.py --profile-steps`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max
+# (in, out) of a Qwen2.5-Omni-7B thinker layer's products: q, k, v, o, gate, up, down
+THINKER = [(3584, 3584), (3584, 512), (3584, 512), (3584, 3584), (3584, 18944), (3584, 18944), (18944, 3584)]
+# and of a talker layer (896 wide, 12 heads of 128, MLP 18944)
+TALKER = [(896, 1536), (896, 512), (896, 512), (1536, 896), (896, 18944), (896, 18944), (18944, 896)]
+MODELS = {"thinker": (THINKER, 28), "talker": (TALKER, 24)}
+BATCHES = (1, 8, 32)
+
+
+def timed(run, repeats: int = 50) -> float:
+    """Median ms of `run` replayed from a CUDA graph."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main() -> None:
+    if not torch.cuda.is_available():
+        sys.exit("decode_gemm.py measures GPU kernels: no CUDA device here")
+    device = torch.device("cuda")
+    print(f"# python bench/decode_gemm.py  {torch.cuda.get_device_name(device)}, torch {torch.__version__}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    torch.manual_seed(0)
+    for model, (shapes, layers) in MODELS.items():
+        measure(model, shapes, layers, device)
+
+
+def measure(model: str, shapes: list[tuple[int, int]], layers: int, device: torch.device) -> None:
+    weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02 for k, n in shapes]
+    scales = [w.abs().amax(1, keepdim=True).float() / FP8_MAX for w in weights]
+    rowwise = [((w.float() / s).to(FP8), s.t().contiguous()) for w, s in zip(weights, scales)]
+    tensor_scales = [w.abs().amax().float() / FP8_MAX for w in weights]
+    tensorwise = [((w.float() / s).to(FP8), s) for w, s in zip(weights, tensor_scales)]
+    bytes_bf16 = sum(w.numel() * 2 for w in weights)
+
+    def layer_bf16(x):
+        return [F.linear(x[i], w) for i, w in enumerate(weights)]
+
+    # q, k, v as one product and gate, up as one (what serving engines load them as): four
+    # products a layer instead of seven
+    qkv, gate_up = torch.cat(weights[:3]), torch.cat(weights[4:6])
+
+    def layer_bf16_fused(x):
+        return [F.linear(x[0], qkv), F.linear(x[3], weights[3]), F.linear(x[4], gate_up), F.linear(x[6], weights[6])]
+
+    def quantize_rows(x):
+        s = x.abs().amax(-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
+        return (x.float() / s).to(FP8), s
+
+    def layer_rowwise(x):
+        out = []
+        for i, (w, ws) in enumerate(rowwise):
+            q, s = quantize_rows(x[i])
+            out.append(torch._scaled_mm(q, w.t(), scale_a=s, scale_b=ws, out_dtype=torch.bfloat16))
+        return out
+
+    def layer_tensorwise(x):
+        out = []
+        for i, (w, ws) in enumerate(tensorwise):
+            s = x[i].abs().amax().float().clamp(min=1e-12) / FP8_MAX
+            q = (x[i].float() / s).to(FP8)
+            out.append(torch._scaled_mm(q, w.t(), scale_a=s, scale_b=ws, out_dtype=torch.bfloat16))
+        return out
+
+    @torch.compile(fullgraph=True, dynamic=False)
+    def layer_weight_only(x):
+        return [F.linear(x[i], w.to(torch.bfloat16)) * ws.to(torch.bfloat16) for i, (w, ws) in enumerate(rowwise)]
+
+    kinds = {"bf16": (layer_bf16, bytes_bf16), "bf16 fused": (layer_bf16_fused, bytes_bf16),
+             "fp8 rowwise": (layer_rowwise, bytes_bf16 // 2),
+             "fp8 tensorwise": (layer_tensorwise, bytes_bf16 // 2),
+             "fp8 weight-only": (layer_weight_only, bytes_bf16 // 2)}
+    print(f"one {model} layer's 7 products ({bytes_bf16 / 1e6:.0f} MB in bfloat16), x{layers} layers:")
+    for batch in BATCHES:
+        inputs = [torch.randn(batch, k, device=device, dtype=torch.bfloat16) for k, _ in shapes]
+        inputs[1] = inputs[2] = inputs[0]  # q, k and v read the same rows, as gate and up do
+        inputs[5] = inputs[4]
+        reference = [o.float() for o in layer_bf16(inputs)]
+        cells = []
+        for name, (layer, nbytes) in kinds.items():
+            try:
+                ms = timed(lambda: layer(inputs))
+                out = layer(inputs)
+                if len(out) != len(reference):  # the fused layout: split it back
+                    q, k, v = out[0].split([w.shape[0] for w in weights[:3]], dim=-1)
+                    gate, up = out[2].split([w.shape[0] for w in weights[4:6]], dim=-1)
+                    out = [q, k, v, out[1], gate, up, out[3]]
+                error = max(((o.float() - r).norm() / r.norm()).item() for o, r in zip(out, reference))
+                cells.append(f"{name} {ms * layers:.2f} ms ({nbytes / ms / 1e9:.2f} TB/s, error {error:.3f})")
+            except Exception as e:  # a kernel this build lacks: say so and go on
+                cells.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+        print(f"  batch {batch:>2}: " + "; ".join(cells))
+
+
+if __name__ == "__main__":
+    main()
