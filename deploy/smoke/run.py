@@ -421,6 +421,10 @@ def kube_run(livekit_bin: Path, base_image: str, report: Report, log_dir: Path, 
             asyncio.run(call_and_drain(livekit_url, env["LIVEKIT_API_SECRET"], pod_containers["agent"], report,
                                        pre_stop=[pod_containers["omni-worker"], *worker_hook]))
         with report.step("pod: stop (SIGTERM to the worker)"):
+            # As a kubelet does: the containers first, then the pod's sandbox. (`podman pod
+            # stop` may stop the infra container first, and with the pod's shared process
+            # namespace its end takes every process with it.)
+            podman("stop", "--time", "30", pod_containers["omni-worker"], timeout=120)
             podman("pod", "stop", "--time", "30", POD, timeout=120)
             code = container_state(pod_containers["omni-worker"])["ExitCode"]
             if code != 0:
