@@ -25,7 +25,8 @@ deploy/cluster/build.sh
 say "binaries ready in $((SECONDS - started)) s"
 
 trap 'say "stopping the cluster"; deploy/cluster/down.sh' EXIT
-deploy/cluster/down.sh >/dev/null 2>&1 || true   # a cluster left by an interrupted run
+# a cluster left by an interrupted run or an earlier one: each run starts an empty cluster
+deploy/cluster/down.sh --reset >/dev/null 2>&1 || true
 say "starting the cluster (deploy/cluster/up.sh)"
 deploy/cluster/up.sh
 say "tests/cluster/run.py"

@@ -2,7 +2,9 @@
 # Stops what up.sh started and undoes its changes to the host: the pods' containers, the
 # processes, the pod bridge, kube-proxy's and kube-router's rules, the node address
 # on lo, the sysctls. Keeps the cached binaries, the certificates and containerd's images
-# (the next up.sh is quick); `down.sh --purge` removes the state directory too.
+# (the next up.sh is quick). `down.sh --reset` also forgets the cluster's objects (etcd's data,
+# the kubelet's pods), so the next up.sh starts an empty cluster on the same certificates and
+# images; `down.sh --purge` removes the whole state directory.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/versions.sh"
@@ -76,8 +78,10 @@ for dir in "$STATE/kubelet" "$STATE/containerd" "$RUN"; do
     grep -o " $dir[^ ]*" /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null; done
 done
 rm -rf "$RUN"
-if [[ "${1:-}" == "--purge" ]]; then
-    rm -rf "$STATE"
-    say "removed $STATE"
-fi
+case "${1:-}" in
+    --purge) rm -rf "$STATE"; say "removed $STATE" ;;
+    --reset) rm -rf "$STATE/etcd" "$STATE/kubelet" "$STATE/pod-logs"; say "the cluster's objects removed" ;;
+    "") ;;
+    *) die "unknown option $1 (--reset, --purge)" ;;
+esac
 say "down"

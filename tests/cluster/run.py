@@ -9,7 +9,8 @@
 2. The page's token endpoint through the `web` Service; a caller (tests/e2e/caller.py) in a
    room on LiveKit's Service is greeted and gets a spoken answer.
 3. Two omni-agent replicas: calls at the same time are spread over both pods (LiveKit
-   dispatches on the load each agent reports), and each call stays on one pod all its life.
+   picks an agent at random weighted by the spare capacity each reports, so calls are added
+   until both pods have one), and each call stays on one pod all its life.
 4. A rolling update (`kubectl rollout restart`) with a call in progress on every pod: each
    call goes on through its pod's drain (the agent's SIGTERM drain, the worker's preStop hook,
    readiness 503 while draining, the PodDisruptionBudget), answers again, and ends when its
@@ -60,6 +61,7 @@ LIVEKIT_URL = "ws://10.96.0.20:7880"  # the livekit-server Service (deploy/clust
 LIVEKIT_API_KEY = "APIomnicluster"
 CALL_TIMEOUT_S = 180.0  # tiny-random on a busy 2-core machine is slow to first audio
 APP = "app.kubernetes.io/name"
+PROBE_S = 40  # how long the NetworkPolicy probe tries to connect before it says "closed"
 
 
 class ClusterError(RuntimeError):
@@ -118,6 +120,21 @@ def pod_of_room(room: str, pods: list[str]) -> str | None:
     if len(owners) > 1:
         raise ClusterError(f"room {room} was taken by more than one pod: {owners}")
     return owners[0] if owners else None
+
+
+async def owner_pod(room: str, timeout: float = 60.0) -> str:
+    """The omni-agent pod serving this room. The agent's log line reaches `kubectl logs` a
+    moment after the call starts, so this asks again for a while; kubectl runs in a thread so
+    the callers' audio in this event loop keeps its pace."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pods = [p["metadata"]["name"] for p in await asyncio.to_thread(agent_pods)]
+        owner = await asyncio.to_thread(pod_of_room, room, pods)
+        if owner:
+            return owner
+        if time.monotonic() > deadline:
+            raise ClusterError(f"no omni-agent pod logged the call in room {room} within {timeout:.0f} s")
+        await asyncio.sleep(3.0)
 
 
 # --------------------------------------------------------------------------- calls
@@ -185,6 +202,18 @@ def deploy(report: Report, api_secret: str) -> None:
             started = time.monotonic()
             kubectl("-n", ns, "rollout", "status", f"deployment/{deployment}", "--timeout=900s", timeout=960)
             report.fact(f"  {ns}/{deployment}: rolled out in {time.monotonic() - started:.0f} s")
+        # The restart above replaced pods seconds after they were made: each must be gone, not
+        # left registered with LiveKit (a SIGTERM during the agent's start-up; agent/launch.py).
+        started = time.monotonic()
+        while time.monotonic() - started < 120:
+            leaving = [p["metadata"]["name"] for p in kubectl_json("-n", NAMESPACE, "get", "pods")["items"]
+                       if p["metadata"].get("deletionTimestamp")]
+            if not leaving:
+                break
+            time.sleep(2.0)
+        else:
+            raise ClusterError(f"replaced pods still running 120 s after their deletion: {leaving}")
+        report.fact(f"  the replaced pods gone {time.monotonic() - started:.0f} s after the rollouts")
         pods = []
         for ns in (NAMESPACE, "livekit", "kube-system"):
             pods += kubectl_json("-n", ns, "get", "pods")["items"]
@@ -222,27 +251,30 @@ def check_token_and_call(report: Report, api_secret: str) -> None:
 def check_spread(report: Report, api_secret: str, calls_n: int) -> None:
     async def run() -> list[str]:
         calls: list[Call] = []
+        owners: list[str] = []
         try:
-            for _ in range(calls_n):  # one after the other: each agent's load report reaches LiveKit
+            # LiveKit picks an agent at random, weighted by its spare capacity (1 - load): with
+            # a few calls on two idle pods that is a coin toss per call, so calls are added
+            # (up to twice calls_n) until both pods have one; the counts go into the results.
+            while len(calls) < calls_n or (len(set(owners)) < 2 and len(calls) < 2 * calls_n):
                 calls.append(await Call.start(api_secret))
-                await asyncio.sleep(3.0)
-            pods = [p["metadata"]["name"] for p in agent_pods()]
-            owners = [pod_of_room(c.room, pods) for c in calls]
+                owners.append(await owner_pod(calls[-1].room))
+                await asyncio.sleep(3.0)  # each agent's load report reaches LiveKit
             for c in calls:  # each call still answers on its pod
                 await c.ask()
-            owners_after = [pod_of_room(c.room, pods) for c in calls]
+            owners_after = [await owner_pod(c.room) for c in calls]
             if owners != owners_after:
                 raise ClusterError(f"a call changed pods: {owners} -> {owners_after}")
-            return [o or "?" for o in owners]
+            return owners
         finally:
             for c in calls:
                 await c.caller.aclose()
 
-    with report.step(f"{calls_n} calls at once over two omni-agent replicas"):
+    with report.step(f"{calls_n} or more calls at once over two omni-agent replicas"):
         owners = asyncio.run(run())
         per_pod = {pod: owners.count(pod) for pod in sorted(set(owners))}
         report.fact(f"  calls per pod: {per_pod}; every call stayed on its pod and answered twice")
-        if len([p for p in per_pod if p != "?"]) < 2:
+        if len(per_pod) < 2:
             raise ClusterError(f"the calls were not spread over both pods: {per_pod}")
 
 
@@ -257,7 +289,7 @@ def check_rollout(report: Report, api_secret: str) -> tuple[int, int]:
         try:
             while len({c.pod for c in calls}) < 2 and len(calls) < 6:
                 call = await Call.start(api_secret)
-                call.pod = pod_of_room(call.room, [p["metadata"]["name"] for p in agent_pods()])
+                call.pod = await owner_pod(call.room)
                 calls.append(call)
                 await asyncio.sleep(3.0)
             old_pods = {c.pod for c in calls}
@@ -266,9 +298,9 @@ def check_rollout(report: Report, api_secret: str) -> tuple[int, int]:
             pending = list(calls)
             deadline = time.monotonic() + 1500
             while pending and time.monotonic() < deadline:
-                terminating = {p["metadata"]["name"] for p in kubectl_json(
-                    "-n", NAMESPACE, "get", "pods", "-l", f"{APP}=omni-agent")["items"]
-                    if p["metadata"].get("deletionTimestamp")}
+                listed = await asyncio.to_thread(kubectl_json, "-n", NAMESPACE, "get", "pods", "-l",
+                                                 f"{APP}=omni-agent")
+                terminating = {p["metadata"]["name"] for p in listed["items"] if p["metadata"].get("deletionTimestamp")}
                 for call in [c for c in pending if c.pod in terminating]:
                     pending.remove(call)
                     try:  # the pod is draining: the call must go on
@@ -290,7 +322,7 @@ def check_rollout(report: Report, api_secret: str) -> tuple[int, int]:
             after = await Call.start(api_secret)
             try:
                 await after.ask()
-                after.pod = pod_of_room(after.room, sorted(new_pods))
+                after.pod = await owner_pod(after.room)
                 report.fact(f"  a new call after the rollout answered on {after.pod}")
             finally:
                 await after.caller.aclose()
@@ -324,11 +356,11 @@ def check_worker_kill(report: Report, api_secret: str, calls_m: int) -> tuple[in
     async def run() -> tuple[int, int]:
         kept = 0
         for i in range(calls_m):
-            pods = wait_ready_agents(2, 600)
+            wait_ready_agents(2, 600)
             call = await Call.start(api_secret)
             try:
                 await call.ask()
-                pod = pod_of_room(call.room, pods)
+                pod = await owner_pod(call.room)
                 status = kubectl_json("-n", NAMESPACE, "get", "pod", pod)["status"]["containerStatuses"]
                 worker = next(s for s in status if s["name"] == "omni-worker")
                 restarts = worker["restartCount"]
@@ -376,20 +408,30 @@ def check_network_policy(report: Report) -> None:
     pod, other = pods[0], pods[1]
     target = f"{pod['status']['podIP']}:8000"
     image = next(c["image"] for c in pod["spec"]["containers"] if c["name"] == "agent")
-    probe = ("import socket,sys\ntry:\n socket.create_connection(('%s', 8000), timeout=5).close(); print('open')\n"
-             "except OSError as e:\n print('closed', e)\n") % pod["status"]["podIP"]
+    # kube-router admits a new pod's address a moment after the pod starts (its watch, then
+    # the ipset), so the probe tries for a while: "open" at the first connection made,
+    # "closed" when none was made in PROBE_S
+    probe = ("import socket,time\nstart = time.monotonic()\n"
+             "while True:\n"
+             " try:\n  socket.create_connection(('%s', 8000), timeout=3).close()\n"
+             "  print('open after %%.0f s' %% (time.monotonic() - start)); break\n"
+             " except OSError as e:\n"
+             "  if time.monotonic() - start > %d:\n   print('closed', e); break\n"
+             "  time.sleep(1)\n") % (pod["status"]["podIP"], PROBE_S)
     results = {}
     with report.step(f"NetworkPolicy: who reaches the worker at {target}"):
         for ns in ("default", "monitoring"):
             name = f"netpol-probe-{uuid.uuid4().hex[:6]}"
             out = kubectl("-n", ns, "run", name, "--rm", "-i", "--restart=Never", f"--image={image}",
                           "--image-pull-policy=Never", "--command", "--", "python", "-c", probe, timeout=180)
-            results[ns] = "open" if "open" in out.split() else "closed"
-            report.fact(f"  from a pod in namespace {ns}: {results[ns]}")
+            said = next((line for line in out.splitlines() if line.startswith(("open", "closed"))), "no answer")
+            results[ns] = "open" if said.startswith("open") else "closed"
+            report.fact(f"  from a pod in namespace {ns}: {said}")
         out = kubectl("-n", NAMESPACE, "exec", other["metadata"]["name"], "-c", "agent", "--", "python", "-c", probe,
                       timeout=60)
         results["omni-agent"] = "open" if "open" in out.split() else "closed"
-        report.fact(f"  from the other omni-agent pod's agent ({other['metadata']['name']}): {results['omni-agent']}")
+        report.fact(f"  from the other omni-agent pod's agent ({other['metadata']['name']}): "
+                    f"{out.splitlines()[-1] if out else results['omni-agent']}")
         if results != {"default": "closed", "monitoring": "open", "omni-agent": "open"}:
             raise ClusterError(f"the NetworkPolicy is not enforced as written: {results}")
 
@@ -429,13 +471,21 @@ def check_hpa(report: Report, api_secret: str, calls_n: int) -> None:
 
     async def run() -> None:
         wait_ready_agents(2, 600)
+        # The checks before may have left the HPA scaled out: start from its minimum, settled.
+        settled = time.monotonic()
+        while hpa_state()[:2] != (2, 2):
+            if time.monotonic() - settled > 600:
+                raise ClusterError(f"the HPA did not come back to 2 replicas before the load: {hpa_state()}")
+            await asyncio.sleep(10.0)
+        wait_ready_agents(2, 600)
         start = time.monotonic()
-        report.fact(f"  before: replicas, desired, CPU = {hpa_state()}")
+        report.fact(f"  before: replicas, desired, CPU = {hpa_state()} "
+                    f"(after {start - settled:.0f} s waiting for the HPA's minimum)")
         stop = asyncio.Event()
         loader = asyncio.create_task(load(stop))
         out_at = None
         while time.monotonic() - start < 600 and not loader.done():
-            current, desired, cpu = hpa_state()
+            current, desired, cpu = await asyncio.to_thread(hpa_state)  # the callers' audio keeps its pace
             if desired > 2 or current > 2:
                 out_at = time.monotonic() - start
                 report.fact(f"  under {calls_n} calls: replicas {current} -> desired {desired} at CPU {cpu}, "
