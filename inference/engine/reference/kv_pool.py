@@ -27,6 +27,8 @@ from typing import Callable
 
 import torch
 
+from .joined_layers import is_joined, joined_decoder_layer
+
 SMALLEST_WINDOW = 512
 
 
@@ -114,7 +116,10 @@ class LayerView:
 
 
 def decoder_layer(layer, hidden: torch.Tensor, view: LayerView, rotary) -> torch.Tensor:
-    """One transformers decoder layer on the pool."""
+    """One decoder layer on the pool: with its projections joined (joined_layers.py), the
+    engine's own forward of it; otherwise transformers' module."""
+    if is_joined(layer):
+        return joined_decoder_layer(layer, hidden, view, rotary)
     return layer(hidden, attention_mask=view, position_embeddings=rotary, past_key_values=view,
                  use_cache=True)
 

@@ -32,6 +32,7 @@ from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as omni
 
 from .compiled import compile_step, talker_layer, thinker_layer
 from .cuda_graphs import batch_buckets, bucket_for, capture_each
+from .joined_layers import join_projections
 from .kv_pool import BatchView, KVPool, forward
 from .prompt import Clip, Prompt, audio_features
 from .sampling import SamplingParams, TokenSampler
@@ -101,6 +102,9 @@ class ModelRunner(DeviceRunner):
         # the engine loop's work goes on a stream of its own, at a higher priority than
         # token2wav's (token2wav_runner.py): on a busy GPU a decode step's kernels go first
         self.stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
+        # q/k/v and gate/up as one product each in every decode step and prompt chunk
+        join_projections(self.thinker.model.layers)
+        join_projections(self.talker.model.layers)
         text_config = self.thinker.config.text_config
         dtype = self.thinker.lm_head.weight.dtype
         self.thinker_pool = KVPool(text_config, slots, thinker_capacity, device, dtype)
