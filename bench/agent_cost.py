@@ -435,7 +435,7 @@ def report_plugin(runs: list[Run], args: argparse.Namespace) -> str:
         lines.append(f"saturated (the machine could not keep up; not used below): "
                      f"{', '.join(str(r.calls) for r in saturated_runs)} calls")
     runs = [r for r in runs if r not in saturated_runs] or runs[:1]
-    if len(runs) > 1:
+    if len({r.calls for r in runs}) > 1:  # a line needs two call counts (rounds repeat one)
         lines += ["", "what grows with N (least squares over the runs: total = fixed + per call × N):"]
         xs = [r.calls for r in runs]
         for role in (*AGENT_ROLES, "omni worker", "livekit", "callers"):

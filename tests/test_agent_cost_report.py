@@ -41,3 +41,12 @@ def test_one_plugin_alone():
     text = agent_cost.report([run("omni", 2, 0.12)], argparse.Namespace())
     assert "livekit-plugins-openai" not in text
     assert text.splitlines()[-1].startswith("agent CPU per call, this project's livekit-plugins-omni: 12.0 %")
+
+
+def test_rounds_of_one_call_count_report_without_a_fit():
+    """Rounds at a single N: there is no line to fit (every run has the same N), the per-call
+    figures still come out."""
+    runs = [run("omni", 4, 0.16), run("livekit-openai", 4, 0.18), run("omni", 4, 0.14), run("livekit-openai", 4, 0.20)]
+    text = agent_cost.report(runs, argparse.Namespace())
+    assert "least squares" not in text
+    assert text.splitlines()[-2].startswith("agent CPU per call, this project's livekit-plugins-omni: 15.0 %")
