@@ -203,7 +203,7 @@ def deploy(report: Report, api_secret: str) -> None:
             kubectl("-n", ns, "rollout", "status", f"deployment/{deployment}", "--timeout=900s", timeout=960)
             report.fact(f"  {ns}/{deployment}: rolled out in {time.monotonic() - started:.0f} s")
         # The restart above replaced pods seconds after they were made: each must be gone, not
-        # left registered with LiveKit (a SIGTERM during the agent's start-up; agent/launch.py).
+        # left registered with LiveKit (a SIGTERM during start-up: the pod's shareProcessNamespace).
         started = time.monotonic()
         while time.monotonic() - started < 120:
             leaving = [p["metadata"]["name"] for p in kubectl_json("-n", NAMESPACE, "get", "pods")["items"]
