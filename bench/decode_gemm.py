@@ -22,12 +22,17 @@ A layer's seven products are timed together (q, k, v, o, gate, up, down), times 
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpu_timing import replay_ms  # noqa: E402  (bench/)
+from inference.engine.reference.cuda_graphs import CapturedStep  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
@@ -37,27 +42,6 @@ THINKER = [(3584, 3584), (3584, 512), (3584, 512), (3584, 3584), (3584, 18944), 
 TALKER = [(896, 1536), (896, 512), (896, 512), (1536, 896), (896, 18944), (896, 18944), (18944, 896)]
 MODELS = {"thinker": (THINKER, 28), "talker": (TALKER, 24)}
 BATCHES = (1, 8, 32)
-
-
-def timed(run, repeats: int = 50) -> float:
-    """Median ms of `run` replayed from a CUDA graph."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            run()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -125,7 +109,7 @@ def measure(model: str, shapes: list[tuple[int, int]], layers: int, device: torc
         cells = []
         for name, (layer, nbytes) in kinds.items():
             try:
-                ms = timed(lambda: layer(inputs))
+                ms = replay_ms(CapturedStep(lambda: layer(inputs)), repeats=50)
                 out = layer(inputs)
                 if len(out) != len(reference):  # the fused layout: split it back
                     q, k, v = out[0].split([w.shape[0] for w in weights[:3]], dim=-1)

@@ -90,6 +90,7 @@ from inference.engine.reference import ReferenceEngine  # noqa: E402
 from inference.engine.reference.core import LoopStats  # noqa: E402
 from inference.engine.reference.loading import LoadedModel, load_model  # noqa: E402
 from inference.engine.reference.sampling import TALKER_SAMPLING  # noqa: E402
+from gpu_timing import replay_ms  # noqa: E402  (bench/)
 from steady_mix import (  # noqa: E402  (bench/: the steady state's rules, tested on a CPU)
     GAP_S, Level, Seconds, pct, steady_capacity, turn_lengths,
 )
@@ -660,17 +661,7 @@ def profile_steps(engine: ReferenceEngine, args) -> None:
 
     runner = engine.runner
 
-    def timed(step) -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(20):
-            start.record()
-            step.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return statistics.median(times)
-
+    timed = replay_ms
     if hasattr(runner, "frame_decode"):
         return profile_qwen3_steps(engine, timed, args)
     costs: dict[str, dict] = {"thinker": {}, "talker": {}, "ode": {}, "vocoder": {}}

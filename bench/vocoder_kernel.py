@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from inference.engine.reference.cuda_graphs import CapturedStep  # noqa: E402
+from gpu_timing import replay_ms  # noqa: E402  (bench/)
 from inference.engine.reference.tiny import _make_vocoder_audible  # noqa: E402
 from inference.engine.reference.token2wav_runner import mel_to_wave  # noqa: E402
 from inference.engine.reference.vocoder_kernels import AntiAliasedSnake  # noqa: E402
@@ -102,15 +102,7 @@ def main() -> None:
                 step = CapturedStep(lambda: mel_to_wave(vocoder, static, floor,
                                                         fused if use_kernel else None))
                 wave = step.replay().clone()
-                times = []
-                for _ in range(args.repeats):
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    step.replay()
-                    end.record()
-                    end.synchronize()
-                    times.append(start.elapsed_time(end))
-                results[name] = (wave.reshape(batch, -1), statistics.median(times))
+                results[name] = (wave.reshape(batch, -1), replay_ms(step, args.repeats))
                 del step
             torch.backends.cudnn.allow_tf32 = default_tf32
             reference = results["modules fp32"][0]

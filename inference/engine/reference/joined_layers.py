@@ -35,14 +35,14 @@ def join_projections(layers) -> None:
         if is_joined(layer):
             continue
         attn, mlp = layer.self_attn, layer.mlp
+        if mlp.gate_proj.bias is not None:  # Qwen2's MLP has none; a checkpoint that has them
+            raise ValueError("join_projections expects an MLP without biases (Qwen2.5-Omni's)")
         projections = (attn.q_proj, attn.k_proj, attn.v_proj)
         attn.qkv_sizes = [p.out_features for p in projections]
         attn.register_buffer("qkv_weight", _joined(projections, "weight"), persistent=False)
         attn.register_buffer("qkv_bias", _joined(projections, "bias"), persistent=False)
         mlp.register_buffer("gate_up_weight", _joined((mlp.gate_proj, mlp.up_proj), "weight"),
                             persistent=False)
-        if mlp.gate_proj.bias is not None:  # Qwen2's MLP has none; a checkpoint that has them
-            raise ValueError("join_projections expects an MLP without biases (Qwen2.5-Omni's)")
 
 
 def _joined(modules, name: str) -> torch.Tensor | None:
