@@ -19,3 +19,23 @@ def replay_ms(step, repeats: int = 20) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def replay_beside_ms(step, beside, side_stream, repeats: int = 20) -> float:
+    """Median milliseconds of `step` replayed on the current stream while `beside` replays on
+    `side_stream` at the same time (the engine's thinker and talker steps), from one event
+    before both to one after both."""
+    current = torch.cuda.current_stream()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        side_stream.wait_stream(current)
+        with torch.cuda.stream(side_stream):
+            beside.replay()
+        step.replay()
+        current.wait_stream(side_stream)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)

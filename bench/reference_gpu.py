@@ -42,7 +42,8 @@ steady levels for the variants after the first; `--py-spy-level N` samples the p
 py-spy for 10 s at level N (where the engine loop's host time goes).
 
 `--profile-steps` times every captured CUDA graph once the engine is up (decode steps per
-batch bucket, ODE solves per (steps, batch, frames), vocoder chunks), in milliseconds: what
+batch bucket, the thinker's and talker's side by side on their two streams, ODE solves per
+(steps, batch, frames), vocoder chunks), in milliseconds: what
 `bench/schedule_sim.py`'s cost model needs (`--costs-out FILE` writes them as JSON).
 
 `--variants` runs several engine configurations over the one model (the first at every
@@ -90,7 +91,7 @@ from inference.engine.reference import ReferenceEngine  # noqa: E402
 from inference.engine.reference.core import LoopStats  # noqa: E402
 from inference.engine.reference.loading import LoadedModel, load_model  # noqa: E402
 from inference.engine.reference.sampling import TALKER_SAMPLING  # noqa: E402
-from gpu_timing import replay_ms  # noqa: E402  (bench/)
+from gpu_timing import replay_beside_ms, replay_ms  # noqa: E402  (bench/)
 from steady_mix import (  # noqa: E402  (bench/: the steady state's rules, tested on a CPU)
     GAP_S, Level, Seconds, pct, steady_capacity, turn_lengths,
 )
@@ -671,6 +672,11 @@ def profile_steps(engine: ReferenceEngine, args) -> None:
             view = inputs[2] if isinstance(inputs, tuple) else inputs.view
             view.point([], [])
             costs[name][batch] = timed(step)
+    # the two side by side, as the loop runs them (each on its stream)
+    costs["thinker+talker"] = {batch: replay_beside_ms(runner.thinker_decode.graphs[(batch,)],
+                                                       runner.talker_decode.graphs[(batch,)],
+                                                       runner.talker_stream)
+                               for batch in costs["talker"] if (batch,) in runner.thinker_decode.graphs}
     for (steps, batch, frames), solve in sorted(runner.token2wav._ode_graphs.items()):
         costs["ode"][f"{steps}/{batch}/{frames}"] = timed(solve.step)
     for (frames, batch), vocoder in sorted(runner.token2wav._vocoder_graphs.items()):

@@ -164,31 +164,33 @@ class EngineCore:
             self._guard(starved, pending.wait)  # collected below, with what came with it
         plan = scheduler.schedule()
         worked = False
+        # what the step's one read brings back: (ids on the device, who takes them)
+        pending: list[tuple[torch.Tensor, Callable[[list[int]], None]]] = []
+        # the talkers first: their step reads what earlier steps made, on a stream of its own,
+        # so it runs beside the prompt chunks and the thinker's step ("Two streams")
+        talkers = scheduler.talker_batch()
+        stepping = [r for r in talkers if r.talker.started]
+        if stepping:
+            worked = True
+            with runner.talker_side():
+                codes = self._guard(stepping, lambda: self._talker_step(stepping))
+            if codes is not None:
+                pending.append((codes, lambda ids: self._take_frames(stepping, ids)))
         for reply, start, end in plan.prefill:
             worked = True
             self._guard([reply], lambda: reply.after_prefill(end, runner.prefill(reply, start, end)))
         thinker = [r for r in plan.thinker if r.phase is Phase.DECODING]
-        # what the step's one read brings back: (ids on the device, who takes them)
-        pending: list[tuple[torch.Tensor, Callable[[list[int]], None]]] = []
         if thinker:
             worked = True
             launched = self._guard(thinker, lambda: self._thinker_step(thinker))
             if launched is not None:
                 tokens, greedy = launched
-                pending.append((tokens, lambda ids: self._take(greedy, ids, Reply.take_token)))
-        talkers = scheduler.talker_batch()
-        stepping = [r for r in talkers if r.talker.started]
-        for reply in [r for r in talkers if not r.talker.started]:
+                pending.insert(0, (tokens, lambda ids: self._take(greedy, ids, Reply.take_token)))
+        for reply in [r for r in talkers if not r.talker.started and r.phase is Phase.DECODING]:
             worked = True
             code = self._guard([reply], lambda: self._talker_start(reply))
             if code is not None:
                 pending.append((code, lambda ids, reply=reply: self._take_frames([reply], ids)))
-        stepping = [r for r in stepping if r.phase is Phase.DECODING]
-        if stepping:
-            worked = True
-            codes = self._guard(stepping, lambda: self._talker_step(stepping))
-            if codes is not None:
-                pending.append((codes, lambda ids: self._take_frames(stepping, ids)))
         launched = time.monotonic()
         if pending:
             ids = self._guard(thinker + talkers, lambda: runner.read(*(t for t, _ in pending)))

@@ -11,8 +11,9 @@ a step's kernels with one launch. The rules that make this correct:
 - no host synchronisation inside (no `.item()`, `.tolist()`, `.cpu()`, tensors built from
   Python data on the device);
 - a graph is replayed by one thread at a time: the engine loop's;
-- graphs that may run at the same time (on different streams: the decode steps and
-  token2wav) are captured on different capture streams. cuBLAS keeps one workspace per
+- graphs that may run at the same time (on different streams: the thinker's and the
+  talker's decode steps, token2wav) are captured on different capture streams, into
+  different memory pools (a pool's graphs may share intermediate memory). cuBLAS keeps one workspace per
   stream, and the captured kernels keep the capture stream's: two graphs of one capture
   stream replayed at once share it, and cuBLAS's cooperative kernels, which keep counters
   there, then corrupt each other's results or spin forever (seen on an H200 at 24 calls:
@@ -35,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 class CapturedStep:
     """`pool`: a memory pool shared with other graphs (torch.cuda.graph_pool_handle()); safe
-    because the engine loop replays them one at a time and copies their outputs out first.
+    where those are replayed one at a time, on one stream, with their outputs used first.
     `stream`: the capture stream (None: torch's default one); graphs that may be replayed at
     the same time as others need one of their own (see the module doc)."""
 
@@ -73,10 +74,12 @@ def bucket_for(batch: int, buckets: list[int]) -> int | None:
     return next((size for size in buckets if size >= batch), None)
 
 
-def capture_each(function: Callable[..., object], keys, pool=None, name: str = "") -> dict:
-    """One graph per key, capturing `function(*key)` (e.g. keys (batch bucket, window))."""
+def capture_each(function: Callable[..., object], keys, pool=None, name: str = "",
+                 stream: torch.cuda.Stream | None = None) -> dict:
+    """One graph per key, capturing `function(*key)` (e.g. keys (batch bucket, window)) on
+    `stream` (None: torch's default capture stream)."""
     started = time.monotonic()
-    graphs = {key: CapturedStep(lambda key=key: function(*key), pool=pool) for key in keys}
+    graphs = {key: CapturedStep(lambda key=key: function(*key), pool=pool, stream=stream) for key in keys}
     logger.info("captured %d graphs of %s in %.1f s (compiling included, if any)", len(graphs),
                 name or getattr(function, "__qualname__", "a step"), time.monotonic() - started)
     return graphs

@@ -46,12 +46,42 @@ ENCODER_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
 
 
 class DeviceRunner:
-    """What every family's runner shares with the loop: its stream, the wait for the device,
-    and the one read a step makes. Subclasses set `device`, `stream` and `_pinned`."""
+    """What every family's runner shares with the loop: its streams and graph memory, the wait
+    for the device, and the one read a step makes. Subclasses call `_init_device` first.
+
+    Two streams run a step's decode work, both at a high priority (token2wav's is lower): the
+    loop's (prompt chunks, the thinker's step, the talkers' starts) and the talker's, whose
+    decode step runs beside the thinker's. Both steps read their weights once and are bound
+    by latency, not by the GPU's bandwidth (a 7B thinker step reads ~15 GB at 3.3 TB/s; the
+    talker's ~0.8 GB at ~0.5 TB/s, one small kernel after another), so side by side they take
+    little more than the thinker's alone. The talker's step reads only what earlier steps
+    made (a reply-stream element is one step old when its talker reads it): the two are
+    independent within a step."""
+
+    def _init_device(self, device: torch.device, cuda_graphs: bool) -> None:
+        self.device = device
+        cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device, priority=-1) if cuda else None
+        self.talker_stream = torch.cuda.Stream(device, priority=-1) if cuda else None
+        self.graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs and cuda else None
+        # the talker's decode graphs replay at the same time as the loop's: a memory pool and
+        # a capture stream of their own (cuda_graphs.py)
+        self.talker_graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs and cuda else None
+        self.talker_capture_stream = torch.cuda.Stream(device) if cuda_graphs and cuda else None
+        self._pinned: torch.Tensor | None = None  # host buffer of `read`
 
     def loop_stream(self):
         """A context in which the engine loop's work goes on the runner's stream."""
         return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+
+    def talker_side(self):
+        """A context in which the talker's decode step goes on its own stream, after the
+        loop's earlier work (the talker starts and thinker states it reads); the step's `read`
+        waits for it."""
+        if self.talker_stream is None:
+            return contextlib.nullcontext()
+        self.talker_stream.wait_stream(torch.cuda.current_stream())
+        return torch.cuda.stream(self.talker_stream)
 
     def synchronize(self) -> None:
         """Wait for everything queued on the device (by any thread) to be done."""
@@ -63,6 +93,8 @@ class DeviceRunner:
         point of a decode step where the host waits for the device."""
         if not ids:
             return []
+        if self.talker_stream is not None:
+            torch.cuda.current_stream().wait_stream(self.talker_stream)
         joined = torch.cat([tensor.to(torch.long) for tensor in ids])
         if joined.is_cuda:
             host = self._read_buffer(joined.numel())
@@ -97,11 +129,8 @@ class ModelRunner(DeviceRunner):
         self.model = model
         self.thinker = model.thinker
         self.talker = model.talker
-        self.device = device
+        self._init_device(device, cuda_graphs)
         self.slots = slots
-        # the engine loop's work goes on a stream of its own, at a higher priority than
-        # token2wav's (token2wav_runner.py): on a busy GPU a decode step's kernels go first
-        self.stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
         # q/k/v and gate/up as one product each in every decode step and prompt chunk
         join_projections(self.thinker.model.layers)
         join_projections(self.talker.model.layers)
@@ -136,8 +165,6 @@ class ModelRunner(DeviceRunner):
         self.encoder_cache = AudioEncoderCache(self.thinker, feature_extractor, device, dtype,
                                                encoder_cache_bytes)
         self.buckets = batch_buckets(slots)
-        self.graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs and device.type == "cuda" else None
-        self._pinned: torch.Tensor | None = None  # host buffer of `read`
         self.thinker_decode = _ThinkerDecode(self, cuda_graphs, compile)
         self.talker_decode = _TalkerDecode(self, cuda_graphs, compile)
         buckets = [size for size in PREFILL_BUCKETS if size < prefill_chunk_tokens] + [prefill_chunk_tokens]
@@ -398,7 +425,8 @@ class _TalkerDecode:
                 mask_end=torch.zeros((batch, 1), dtype=torch.bool, device=device))
         self.layer_step = compile_step(talker_layer, compile)
         self.graphs = capture_each(self._run, [(batch,) for batch in runner.buckets],
-                                   runner.graph_pool, "talker decode") if cuda_graphs else {}
+                                   runner.talker_graph_pool, "talker decode",
+                                   stream=runner.talker_capture_stream) if cuda_graphs else {}
 
     def __call__(self, slots, codes, inputs, lengths, rope_deltas, end_masked,
                  generators) -> torch.Tensor:
@@ -408,6 +436,9 @@ class _TalkerDecode:
         pad = batch - count
         buffers.codes.copy_(torch.tensor(codes + [0] * pad)[:, None], non_blocking=True)
         torch.cat(inputs, dim=0, out=buffers.reply[:count])
+        if buffers.reply.is_cuda:  # the loop's stream made them: not reused before this read
+            for element in inputs:
+                element.record_stream(torch.cuda.current_stream())
         rope = torch.tensor([length + delta for length, delta in zip(lengths, rope_deltas)] + [0] * pad)
         buffers.positions.copy_(rope.view(1, batch, 1).expand(3, batch, 1), non_blocking=True)
         buffers.mask_end.copy_(torch.tensor(end_masked + [False] * pad)[:, None], non_blocking=True)

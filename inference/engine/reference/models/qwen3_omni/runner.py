@@ -63,14 +63,13 @@ class Qwen3Runner(DeviceRunner):
         self.thinker = model.thinker
         self.talker = model.talker
         self.predictor = model.talker.code_predictor
-        self.device = device
+        self._init_device(device, cuda_graphs)
         self.slots = slots
         config = model.config
         talker_config = self.talker.config
         self.codes_per_frame = talker_config.num_code_groups
         self.accept_layer = talker_config.accept_hidden_layer
         self.audio_id = self.thinker.config.audio_token_id
-        self.stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
         text_config = self.thinker.config.text_config
         talker_text = talker_config.text_config
         if device.type == "cuda":  # routing on the device: capturable, no per-expert loop
@@ -109,8 +108,6 @@ class Qwen3Runner(DeviceRunner):
             self.thinker, processor.feature_extractor, device, dtype, encoder_cache_bytes,
             encode=self._encode_clip)
         self.buckets = batch_buckets(slots)
-        self.graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs and device.type == "cuda" else None
-        self._pinned: torch.Tensor | None = None
         self.thinker_decode = _ThinkerDecode(self, cuda_graphs, compile)
         buckets = [size for size in PREFILL_BUCKETS if size < prefill_chunk_tokens] + [prefill_chunk_tokens]
         self.thinker_chunk = _ChunkForward(self, self.thinker.model, self.thinker_pool,
@@ -247,9 +244,14 @@ class _FrameDecode:
             hidden=torch.zeros((1, 1, width), dtype=talker.codec_head.weight.dtype, device=device),
             rows=torch.zeros((1,), dtype=torch.long, device=device),
             at=torch.zeros((1,), dtype=torch.long, device=device),
-            mask_end=torch.zeros((1, 1), dtype=torch.bool, device=device))
+            mask_end=torch.zeros((1, 1), dtype=torch.bool, device=device),
+            # its own draws: the frame step may be reading batch 1's on the talker's stream
+            noise=torch.ones((1, vocab), dtype=torch.float32, device=device),
+            predictor_noise=torch.ones((1, self.groups - 1, predictor_vocab), dtype=torch.float32,
+                                       device=device))
         self.graphs = capture_each(self._run, [(batch,) for batch in runner.buckets],
-                                   runner.graph_pool, "talker frame") if cuda_graphs else {}
+                                   runner.talker_graph_pool, "talker frame",
+                                   stream=runner.talker_capture_stream) if cuda_graphs else {}
         self.first_graph = CapturedStep(self._first, pool=runner.graph_pool) if cuda_graphs else None
 
     def __call__(self, replies) -> torch.Tensor:
@@ -285,22 +287,21 @@ class _FrameDecode:
 
     def first_frame(self, reply, hidden: torch.Tensor) -> torch.Tensor:
         """The first frame (1, G) from the talker start's last state (1, 1, H)."""
-        self._draw(self.inputs[1], [reply])
         first = self.first
+        self._draw(first, [reply])
         first.hidden.copy_(hidden)
         first.rows.fill_(reply.slot)
         first.at.fill_(reply.talker.length - 1)
         first.mask_end.fill_(reply.talker.codes < reply.talker.min_codes)
         if self.first_graph is None:
             return self._first()
-        # a copy: the frame step replayed after it in this step (captured before it, in the
-        # same pool) may use this graph's output memory for its own intermediates
+        # a copy: another reply's start in the same step replays this graph again
         return self.first_graph.replay().clone()
 
     def _first(self) -> torch.Tensor:
-        first, buffers = self.first, self.inputs[1]
+        first = self.first
         return self._sample_frame(first.hidden, first.rows, first.at, first.mask_end,
-                                  buffers.noise[:1], buffers.predictor_noise[:1])
+                                  first.noise, first.predictor_noise)
 
     def _draw(self, buffers: "_FrameInputs", replies) -> None:
         runner = self.runner
