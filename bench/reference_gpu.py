@@ -49,8 +49,8 @@ batch bucket, the thinker's and talker's side by side on their two streams, ODE 
 `--variants` runs several engine configurations over the one model (the first at every
 level, the others at `--variant-sessions`, default the first level; see VARIANTS). `--check`
 first runs tiny-random in float32 on the GPU eagerly (no graphs, nothing compiled, the
-vocoder's activations as modules) and as configured (CUDA graphs, compiled steps, the fused
-vocoder kernel) and compares the replies (greedy talker): text and
+vocoder's activations as modules) and as each variant configures it (CUDA graphs, compiled
+steps, the fused vocoder kernel, ...) and compares the replies (greedy talker): text and
 codes must be equal and the audio within CHECK_AUDIO_TOLERANCE.
 
 Sizes: the thinker and audio encoder are the 7B checkpoint's (transformers' defaults match
@@ -113,6 +113,7 @@ VARIANTS = {
     "steps5": dict(ode_steps=5, first_ode_steps=5),
     "dit-fp32": dict(token2wav_dtype="float32"),   # transformers' token2wav dtype
     "dit-bf16": dict(token2wav_dtype="bfloat16"),
+    "talker-stream": dict(talker_stream=True),  # the talker's step beside the thinker's
 }
 
 # Finished.timings entries on the path to the first audio, printed per level (medians)
@@ -672,11 +673,11 @@ def profile_steps(engine: ReferenceEngine, args) -> None:
             view = inputs[2] if isinstance(inputs, tuple) else inputs.view
             view.point([], [])
             costs[name][batch] = timed(step)
-    # the two side by side, as the loop runs them (each on its stream)
+    # the two side by side, each on its stream, as the loop runs them with `talker_stream`
+    side = runner.talker_stream or torch.cuda.Stream(runner.device)
     costs["thinker+talker"] = {batch: replay_beside_ms(runner.thinker_decode.graphs[(batch,)],
-                                                       runner.talker_decode.graphs[(batch,)],
-                                                       runner.talker_stream)
-                               for batch in costs["talker"] if (batch,) in runner.thinker_decode.graphs}
+                                                       runner.talker_decode.graphs[(batch,)], side)
+                               for batch in costs["talker"]}
     for (steps, batch, frames), solve in sorted(runner.token2wav._ode_graphs.items()):
         costs["ode"][f"{steps}/{batch}/{frames}"] = timed(solve.step)
     for (frames, batch), vocoder in sorted(runner.token2wav._vocoder_graphs.items()):
@@ -786,7 +787,8 @@ async def check_graphs(device: torch.device, args) -> None:
     loaded = await asyncio.to_thread(load_model, "tiny-random", device, torch.float32)
     greedy = dataclasses.replace(TALKER_SAMPLING, do_sample=False)
     replies = {}
-    for variant in ("eager", "default"):
+    compared = [v for v in args.variants.split(",") if v != "eager"]  # each against the eager path
+    for variant in ["eager", *compared]:
         cache = {key: value for key, value in (pair.partition("=")[::2] for pair in args.engine_option)
                  if key == "compile_cache_dir"}
         # quick_start_below=0: whether a reply starts quickly depends on when the others
@@ -812,15 +814,16 @@ async def check_graphs(device: torch.device, args) -> None:
 
         replies[variant] = await asyncio.gather(*(reply(r) for r in requests))
         await engine.close()
-    worst = 0.0
-    same = True
-    for (text, audio, codes), (g_text, g_audio, g_codes) in zip(replies["eager"], replies["default"]):
-        same = same and text == g_text and codes == g_codes and len(audio) == len(g_audio)
-        if len(audio) == len(g_audio):
-            worst = max(worst, float(np.abs(audio - g_audio).max()))
-    print(f"CHECK {'PASS' if same and worst < CHECK_AUDIO_TOLERANCE else 'FAIL'}: 4 concurrent replies, eager "
-          f"against CUDA graphs + compiled steps: text and codes equal {same}, max |audio diff| "
-          f"{worst:.2e}", flush=True)
+    for variant in compared:
+        worst = 0.0
+        same = True
+        for (text, audio, codes), (g_text, g_audio, g_codes) in zip(replies["eager"], replies[variant]):
+            same = same and text == g_text and codes == g_codes and len(audio) == len(g_audio)
+            if len(audio) == len(g_audio):
+                worst = max(worst, float(np.abs(audio - g_audio).max()))
+        print(f"CHECK {'PASS' if same and worst < CHECK_AUDIO_TOLERANCE else 'FAIL'}: 4 concurrent replies, "
+              f"eager against {variant} (CUDA graphs + compiled steps): text and codes equal {same}, "
+              f"max |audio diff| {worst:.2e}", flush=True)
 
 
 def main() -> None:

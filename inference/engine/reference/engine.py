@@ -192,6 +192,10 @@ class ReferenceEngine(OmniEngine):
       cuda_graphs: capture the thinker's and talker's decode steps per batch-size bucket,
         prompt chunks per (length bucket, attention window), the token2wav ODE and the
         vocoder per batch bucket, at start-up (default True on cuda; cuda only).
+      talker_stream: the talker's decode step runs on a CUDA stream of its own, beside the
+        thinker's (default False: not yet measured on a GPU; runner.py's DeviceRunner says
+        why it should pay). Either way a talker step reads the reply-stream elements of
+        earlier steps.
       compile: torch.compile (inductor) the decode steps and the DiT evaluation before they
         are captured: fused kernels, about half the step time on an H200 (default True on
         cuda, False on cpu). Compiling takes minutes the first time, seconds from the cache.
@@ -240,8 +244,8 @@ class ReferenceEngine(OmniEngine):
                  lookback_blocks: int = 2, first_lookahead_blocks: int | None = None,
                  first_ode_steps: int | None = None, ramp_chunks: int | None = None,
                  quick_start_below: int | None = None, talker_ahead_chunks: int = AHEAD_CHUNKS,
-                 cuda_graphs: bool | None = None, fused_vocoder: bool | None = None,
-                 compile: bool | None = None, compile_cache_dir: str | None = None,
+                 cuda_graphs: bool | None = None, talker_stream: bool = False,
+                 fused_vocoder: bool | None = None, compile: bool | None = None, compile_cache_dir: str | None = None,
                  code2wav_first_frames: int = 2, code2wav_chunk_frames: int = 4,
                  code2wav_left_context: int = 25,
                  seed: int | None = None, torch_threads: int | None = None,
@@ -273,6 +277,7 @@ class ReferenceEngine(OmniEngine):
         if not 0 < kv_memory_fraction <= 0.95:
             raise ValueError("kv_memory_fraction must be in (0, 0.95]")
         self.cuda_graphs = cuda_graphs
+        self.talker_stream = talker_stream and cuda
         self.kv_slots = kv_slots
         self.kv_memory_fraction = kv_memory_fraction
         self.context_tokens = context_tokens  # None: sized at start (`size_kv`)
@@ -345,7 +350,7 @@ class ReferenceEngine(OmniEngine):
             family.runner, model, loaded.processor, slots=slots,
             thinker_capacity=self.context_tokens, talker_capacity=talker_capacity,
             talker_sampling=self.settings.talker_sampling, chunk_plan=self.settings.chunk_plan,
-            device=self.device, cuda_graphs=self.cuda_graphs,
+            device=self.device, cuda_graphs=self.cuda_graphs, talker_stream=self.talker_stream,
             encoder_cache_bytes=self.encoder_cache_bytes,
             prefill_chunk_tokens=self.prefill_chunk_tokens, token2wav_dtype=self.token2wav_dtype,
             compile=self.compile, other_chunk_plans=self._other_chunk_plans(),

@@ -49,23 +49,23 @@ class DeviceRunner:
     """What every family's runner shares with the loop: its streams and graph memory, the wait
     for the device, and the one read a step makes. Subclasses call `_init_device` first.
 
-    Two streams run a step's decode work, both at a high priority (token2wav's is lower): the
-    loop's (prompt chunks, the thinker's step, the talkers' starts) and the talker's, whose
-    decode step runs beside the thinker's. Both steps read their weights once and are bound
-    by latency, not by the GPU's bandwidth (a 7B thinker step reads ~15 GB at 3.3 TB/s; the
-    talker's ~0.8 GB at ~0.5 TB/s, one small kernel after another), so side by side they take
-    little more than the thinker's alone. The talker's step reads only what earlier steps
-    made (a reply-stream element is one step old when its talker reads it): the two are
-    independent within a step."""
+    The loop's work (prompt chunks, the decode steps, the talkers' starts) goes on a stream of
+    its own at a high priority (token2wav's is lower). With `talker_stream` the talker's
+    decode step goes on a second one, beside the thinker's. Each step reads its weights once
+    and neither reaches the GPU's bandwidth (at Qwen2.5-Omni-7B's shapes the thinker's ~14 GB
+    at 3.3 TB/s, the talker's ~2.7 GB at ~1.5 TB/s: latency-bound, one small kernel after
+    another), so side by side they should take less than one after the other. The talker's
+    step reads only what earlier steps made (a reply-stream element is a step old when its
+    talker reads it), so the two are independent within a step."""
 
-    def _init_device(self, device: torch.device, cuda_graphs: bool) -> None:
+    def _init_device(self, device: torch.device, cuda_graphs: bool, talker_stream: bool) -> None:
         self.device = device
         cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device, priority=-1) if cuda else None
-        self.talker_stream = torch.cuda.Stream(device, priority=-1) if cuda else None
+        self.talker_stream = torch.cuda.Stream(device, priority=-1) if cuda and talker_stream else None
         self.graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs and cuda else None
-        # the talker's decode graphs replay at the same time as the loop's: a memory pool and
-        # a capture stream of their own (cuda_graphs.py)
+        # the talker's decode graphs may replay at the same time as the loop's: a memory pool
+        # and a capture stream of their own (cuda_graphs.py)
         self.talker_graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs and cuda else None
         self.talker_capture_stream = torch.cuda.Stream(device) if cuda_graphs and cuda else None
         self._pinned: torch.Tensor | None = None  # host buffer of `read`
@@ -75,9 +75,9 @@ class DeviceRunner:
         return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
 
     def talker_side(self):
-        """A context in which the talker's decode step goes on its own stream, after the
-        loop's earlier work (the talker starts and thinker states it reads); the step's `read`
-        waits for it."""
+        """A context in which the talker's decode step goes on its own stream (where there is
+        one), after the loop's earlier work (the talker starts and thinker states it reads);
+        the step's `read` waits for it."""
         if self.talker_stream is None:
             return contextlib.nullcontext()
         self.talker_stream.wait_stream(torch.cuda.current_stream())
@@ -122,14 +122,15 @@ class ModelRunner(DeviceRunner):
     def __init__(self, model, feature_extractor, *, slots: int, thinker_capacity: int,
                  talker_capacity: int, talker_sampling: SamplingParams, chunk_plan: ChunkPlan,
                  device: torch.device, cuda_graphs: bool, encoder_cache_bytes: int,
-                 prefill_chunk_tokens: int, token2wav_dtype: torch.dtype = torch.float32,
+                 prefill_chunk_tokens: int, talker_stream: bool = False,
+                 token2wav_dtype: torch.dtype = torch.float32,
                  compile: bool = False, other_chunk_plans: tuple[ChunkPlan, ...] = (),
                  fused_vocoder: bool | None = None, settings=None) -> None:
         started = time.monotonic()
         self.model = model
         self.thinker = model.thinker
         self.talker = model.talker
-        self._init_device(device, cuda_graphs)
+        self._init_device(device, cuda_graphs, talker_stream)
         self.slots = slots
         # q/k/v and gate/up as one product each in every decode step and prompt chunk
         join_projections(self.thinker.model.layers)
@@ -436,7 +437,7 @@ class _TalkerDecode:
         pad = batch - count
         buffers.codes.copy_(torch.tensor(codes + [0] * pad)[:, None], non_blocking=True)
         torch.cat(inputs, dim=0, out=buffers.reply[:count])
-        if buffers.reply.is_cuda:  # the loop's stream made them: not reused before this read
+        if buffers.reply.is_cuda:  # made on the loop's stream: not reused before this read
             for element in inputs:
                 element.record_stream(torch.cuda.current_stream())
         rope = torch.tensor([length + delta for length, delta in zip(lengths, rope_deltas)] + [0] * pad)

@@ -56,14 +56,14 @@ class Qwen3Runner(DeviceRunner):
     def __init__(self, model, processor, *, slots: int, thinker_capacity: int,
                  talker_capacity: int, talker_sampling: SamplingParams, device: torch.device,
                  cuda_graphs: bool, encoder_cache_bytes: int, prefill_chunk_tokens: int,
-                 compile: bool = False,
+                 talker_stream: bool = False, compile: bool = False,
                  code2wav_plan: Code2WavPlan = Code2WavPlan(), **_token2wav_options) -> None:
         started = time.monotonic()
         self.model = model
         self.thinker = model.thinker
         self.talker = model.talker
         self.predictor = model.talker.code_predictor
-        self._init_device(device, cuda_graphs)
+        self._init_device(device, cuda_graphs, talker_stream)
         self.slots = slots
         config = model.config
         talker_config = self.talker.config
