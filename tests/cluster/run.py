@@ -5,7 +5,8 @@
     .venv/bin/python tests/cluster/run.py --checks spread,netpol   # the first call, then only these
 
 1. `kubectl apply -k deploy/cluster/overlay` (deploy/k8s with this machine's few changes), the
-   Secrets made here; every pod Ready through its own probes.
+   Secrets made here; every pod Ready through its own probes, and every omni-agent
+   registered with the LiveKit server that runs (a call placed before would never get one).
 2. The page's token endpoint through the `web` Service; a caller (tests/e2e/caller.py) in a
    room on LiveKit's Service is greeted and gets a spoken answer.
 3. Two omni-agent replicas: calls at the same time are spread over both pods (LiveKit
@@ -103,14 +104,39 @@ def pod_ready(pod: dict) -> bool:
 
 
 def wait_ready_agents(count: int, timeout: float) -> list[str]:
+    """At least `count` omni-agent pods Ready and registered with the LiveKit server that runs
+    now; returns the Ready ones."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         ready = [p["metadata"]["name"] for p in agent_pods() if pod_ready(p)]
-        if len(ready) >= count:
-            time.sleep(5.0)  # the agents' load report reaches LiveKit a moment after readiness
+        if len(ready) >= count and not unregistered(ready):
+            time.sleep(5.0)  # the agents' load report reaches LiveKit a moment after registering
             return ready
         time.sleep(2.0)
-    raise ClusterError(f"fewer than {count} omni-agent pods Ready within {timeout:.0f} s")
+    raise ClusterError(f"fewer than {count} omni-agent pods Ready and registered within {timeout:.0f} s "
+                       f"(not registered with the running LiveKit: {unregistered(ready)})")
+
+
+def unregistered(pods: list[str]) -> list[str]:
+    """The agent pods with no "registered worker" log line since the running LiveKit server
+    started. LiveKit offers a room's call to the agents registered when the room starts, and
+    never again: after a LiveKit restart an agent takes up to ~30 s to register again
+    (its reconnect back-off), and a call placed before that never gets an agent."""
+    servers = kubectl_json("-n", "livekit", "get", "pods", "-l", f"{APP}=livekit-server")["items"]
+    started = [c["state"]["running"]["startedAt"] for pod in servers
+               if not pod["metadata"].get("deletionTimestamp")
+               for c in pod["status"].get("containerStatuses", []) if "running" in c.get("state", {})]
+    if not started:
+        return pods
+    since = max(started)  # RFC 3339 in UTC: compared as text
+    missing = []
+    for pod in pods:
+        registered = [json.loads(line).get("timestamp", "") for line in
+                      kubectl("-n", NAMESPACE, "logs", pod, "-c", "agent", check=False).splitlines()
+                      if '"registered worker"' in line and line.startswith("{")]
+        if not any(stamp[:19] >= since[:19] for stamp in registered):
+            missing.append(pod)
+    return missing
 
 
 def pod_of_room(room: str, pods: list[str]) -> str | None:
@@ -193,10 +219,14 @@ def deploy(report: Report, api_secret: str) -> None:
                 "stringData": {"keys.yaml": f"{LIVEKIT_API_KEY}: {api_secret}\n"}}
         for s in (secret, keys):
             kubectl("apply", "-f", "-", stdin=json.dumps(s))
-        report.fact("  " + kubectl("apply", "-k", str(OVERLAY)).replace("\n", "\n  "))
-        # A Deployment whose pods already run keeps the old keys: restart after a key change.
+        applied = kubectl("apply", "-k", str(OVERLAY))
+        report.fact("  " + applied.replace("\n", "\n  "))
+        # A Deployment whose pods were already running keeps the old keys: restart it. One
+        # just created is not restarted (a LiveKit started twice leaves the agents a
+        # reconnect back-off behind it: unregistered()).
         for ns, deployment in (("livekit", "livekit-server"), (NAMESPACE, "omni-agent"), (NAMESPACE, "web")):
-            kubectl("-n", ns, "rollout", "restart", f"deployment/{deployment}")
+            if f"deployment.apps/{deployment} created" not in applied:
+                kubectl("-n", ns, "rollout", "restart", f"deployment/{deployment}")
     with report.step("every pod Ready through its own probes"):
         for ns, deployment in (("livekit", "livekit-server"), (NAMESPACE, "web"), (NAMESPACE, "omni-agent")):
             started = time.monotonic()
@@ -224,6 +254,10 @@ def deploy(report: Report, api_secret: str) -> None:
         probes = sum(1 for p in pods for c in p["spec"]["containers"]
                      for k in ("startupProbe", "readinessProbe", "livenessProbe") if c.get(k))
         report.fact(f"  pods Ready: {len(pods)} of {len(pods)} ({probes} probes declared)")
+        started = time.monotonic()
+        registered = wait_ready_agents(2, 180)
+        report.fact(f"  omni-agent pods registered with the running LiveKit: {len(registered)}, "
+                    f"{time.monotonic() - started:.0f} s after Ready")
 
 
 def check_token_and_call(report: Report, api_secret: str) -> None:
