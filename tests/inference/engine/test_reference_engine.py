@@ -749,6 +749,45 @@ async def test_decoding_goes_on_while_audio_is_in_flight(greedy, codes_by_reques
 
 
 @asyncio_module
+async def test_a_talker_step_reads_only_thinker_states_of_earlier_steps(greedy, codes_by_request,
+                                                                       monkeypatch):
+    """On a GPU the talker's step may run beside the thinker's, on a stream of its own
+    (`talker_stream`): nothing orders the two within a loop step, so a talker step must read
+    no thinker state its own step makes. And the replies stay the ones they are alone."""
+    core, runner = greedy.core, greedy.runner
+    step_now, fed_in, kept, reads = [0], {}, [], []
+    step, token_fed, talker_step = core.step, Reply.token_fed, runner.talker_step
+
+    def counted_step():
+        step_now[0] += 1
+        return step()
+
+    def noted_token_fed(self, state):
+        fed_in[id(state)] = step_now[0]
+        kept.append(state)  # alive, so no other tensor takes its id
+        return token_fed(self, state)
+
+    def checked_talker_step(replies):
+        for reply in replies:
+            stream = reply.talker.stream
+            if stream and stream[0].state is not None:
+                reads.append(step_now[0] - fed_in[id(stream[0].state)])
+        return talker_step(replies)
+
+    requests = turns(seed=70)[:3]
+    alone = await each_alone(greedy, requests, "before", codes_by_request)
+    monkeypatch.setattr(core, "step", counted_step)
+    monkeypatch.setattr(Reply, "token_fed", noted_token_fed)
+    monkeypatch.setattr(runner, "talker_step", checked_talker_step)
+    tagged(requests, "checked")
+    results = await asyncio.gather(*(collect(greedy, req) for req in requests))
+    for i, deltas in enumerate(results):
+        assert isinstance(deltas[-1], Finished)
+        assert_same_reply(outcome(deltas, codes_by_request[f"checked-{i}"]), alone[i])
+    assert len(reads) > 10 and min(reads) >= 1  # every state read was made a step or more before
+
+
+@asyncio_module
 async def test_a_starved_token2wav_batch_holds_the_decode_steps(greedy, codes_by_request, monkeypatch):
     """A batch whose audio has been out longer than TOKEN2WAV_STALL_S (0 here) is waited for
     before the next decode step, so decode steps cannot starve token2wav. Here a batch's audio
