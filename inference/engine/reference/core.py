@@ -153,7 +153,7 @@ class EngineCore:
 
     def step(self) -> bool:
         """One step: prompt chunks, then the thinker's decode step, the talkers' starts and
-        step, all launched without waiting; then one copy brings every sampled id to the host
+        step (the step first with `talker_beside_thinker`), all launched without waiting; then one copy brings every sampled id to the host
         (the step's only wait for the device) and the replies take their results; then the
         audio that has arrived goes out, and token2wav is launched for the replies whose audio
         is due. Returns whether anything was done."""
@@ -166,16 +166,15 @@ class EngineCore:
         worked = False
         # what the step's one read brings back: (ids on the device, who takes them)
         pending: list[tuple[torch.Tensor, Callable[[list[int]], None]]] = []
-        # the talkers first: their step reads what earlier steps made, on a stream of its own,
-        # so it runs beside the prompt chunks and the thinker's step ("Two streams")
-        talkers = scheduler.talker_batch()
+        # With the talker beside the thinker its step goes first and reads what earlier steps
+        # made, on a stream of its own beside the prompt chunks and the thinker's step ("Two
+        # streams"); else it goes last and reads the states this step's thinker makes.
+        beside = runner.talker_beside_thinker
+        talkers = scheduler.talker_batch() if beside else []
         stepping = [r for r in talkers if r.talker.started]
         if stepping:
             worked = True
-            with runner.talker_side():
-                codes = self._guard(stepping, lambda: self._talker_step(stepping))
-            if codes is not None:
-                pending.append((codes, lambda ids: self._take_frames(stepping, ids)))
+            self._launch_talker_step(stepping, pending)
         for reply, start, end in plan.prefill:
             worked = True
             self._guard([reply], lambda: reply.after_prefill(end, runner.prefill(reply, start, end)))
@@ -186,11 +185,17 @@ class EngineCore:
             if launched is not None:
                 tokens, greedy = launched
                 pending.insert(0, (tokens, lambda ids: self._take(greedy, ids, Reply.take_token)))
+        if not beside:
+            talkers = scheduler.talker_batch()
+            stepping = [r for r in talkers if r.talker.started]
         for reply in [r for r in talkers if not r.talker.started and r.phase is Phase.DECODING]:
             worked = True
             code = self._guard([reply], lambda: self._talker_start(reply))
             if code is not None:
                 pending.append((code, lambda ids, reply=reply: self._take_frames([reply], ids)))
+        if stepping and not beside:
+            worked = True
+            self._launch_talker_step(stepping, pending)
         launched = time.monotonic()
         if pending:
             ids = self._guard(thinker + talkers, lambda: runner.read(*(t for t, _ in pending)))
@@ -228,6 +233,12 @@ class EngineCore:
                 self._guard([reply], lambda: reply.choose(result.logits[row:row + 1]))
         rows = [row for row, reply in enumerate(replies) if reply.chooses_argmax]
         return result.argmax[rows] if len(rows) < len(replies) else result.argmax, greedy
+
+    def _launch_talker_step(self, stepping: list[Reply], pending: list) -> None:
+        with self.runner.talker_side():
+            codes = self._guard(stepping, lambda: self._talker_step(stepping))
+        if codes is not None:
+            pending.append((codes, lambda ids: self._take_frames(stepping, ids)))
 
     def _talker_start(self, reply: Reply) -> torch.Tensor:
         codes = self.runner.talker_start(reply)

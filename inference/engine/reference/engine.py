@@ -192,10 +192,10 @@ class ReferenceEngine(OmniEngine):
       cuda_graphs: capture the thinker's and talker's decode steps per batch-size bucket,
         prompt chunks per (length bucket, attention window), the token2wav ODE and the
         vocoder per batch bucket, at start-up (default True on cuda; cuda only).
-      talker_stream: the talker's decode step runs on a CUDA stream of its own, beside the
-        thinker's (default False: not yet measured on a GPU; runner.py's DeviceRunner says
-        why it should pay). Either way a talker step reads the reply-stream elements of
-        earlier steps.
+      talker_stream: the talker's decode step goes first in a loop step, reading the thinker
+        states of earlier steps, and on cuda runs on a stream of its own beside the thinker's
+        (default False: not yet measured on a GPU; runner.py's DeviceRunner says why it
+        should pay). The codes are the same either way.
       compile: torch.compile (inductor) the decode steps and the DiT evaluation before they
         are captured: fused kernels, about half the step time on an H200 (default True on
         cuda, False on cpu). Compiling takes minutes the first time, seconds from the cache.
@@ -277,7 +277,7 @@ class ReferenceEngine(OmniEngine):
         if not 0 < kv_memory_fraction <= 0.95:
             raise ValueError("kv_memory_fraction must be in (0, 0.95]")
         self.cuda_graphs = cuda_graphs
-        self.talker_stream = talker_stream and cuda
+        self.talker_stream = talker_stream
         self.kv_slots = kv_slots
         self.kv_memory_fraction = kv_memory_fraction
         self.context_tokens = context_tokens  # None: sized at start (`size_kv`)

@@ -751,9 +751,10 @@ async def test_decoding_goes_on_while_audio_is_in_flight(greedy, codes_by_reques
 @asyncio_module
 async def test_a_talker_step_reads_only_thinker_states_of_earlier_steps(greedy, codes_by_request,
                                                                        monkeypatch):
-    """On a GPU the talker's step may run beside the thinker's, on a stream of its own
-    (`talker_stream`): nothing orders the two within a loop step, so a talker step must read
-    no thinker state its own step makes. And the replies stay the ones they are alone."""
+    """With `talker_stream` the talker's step runs beside the thinker's, on a CUDA stream of
+    its own: nothing orders the two within a loop step, so a talker step must read no thinker
+    state its own step makes (here, on a CPU, the same order on one stream). And the replies
+    stay the ones they are in the default order, alone."""
     core, runner = greedy.core, greedy.runner
     step_now, fed_in, kept, reads = [0], {}, [], []
     step, token_fed, talker_step = core.step, Reply.token_fed, runner.talker_step
@@ -776,6 +777,7 @@ async def test_a_talker_step_reads_only_thinker_states_of_earlier_steps(greedy, 
 
     requests = turns(seed=70)[:3]
     alone = await each_alone(greedy, requests, "before", codes_by_request)
+    monkeypatch.setattr(runner, "talker_beside_thinker", True)
     monkeypatch.setattr(core, "step", counted_step)
     monkeypatch.setattr(Reply, "token_fed", noted_token_fed)
     monkeypatch.setattr(runner, "talker_step", checked_talker_step)
