@@ -153,10 +153,11 @@ class EngineCore:
 
     def step(self) -> bool:
         """One step: prompt chunks, then the thinker's decode step, the talkers' starts and
-        step (the step first with `talker_beside_thinker`), all launched without waiting; then one copy brings every sampled id to the host
-        (the step's only wait for the device) and the replies take their results; then the
-        audio that has arrived goes out, and token2wav is launched for the replies whose audio
-        is due. Returns whether anything was done."""
+        step (the step first with `talker_beside_thinker`), all launched without waiting; then
+        one copy brings every sampled id to the host (the step's only wait for the device) and
+        the replies take their results; then the audio that has arrived goes out, and
+        token2wav is launched for the replies whose audio is due. Returns whether anything was
+        done."""
         runner, scheduler = self.runner, self.scheduler
         started = time.monotonic()
         if self.in_flight and started - self._token2wav_launched > TOKEN2WAV_STALL_S:

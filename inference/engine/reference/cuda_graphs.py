@@ -13,9 +13,9 @@ a step's kernels with one launch. The rules that make this correct:
 - a graph is replayed by one thread at a time: the engine loop's;
 - graphs that may run at the same time (on different streams: the thinker's and the
   talker's decode steps, token2wav) are captured on different capture streams, into
-  different memory pools (a pool's graphs may share intermediate memory). cuBLAS keeps one workspace per
-  stream, and the captured kernels keep the capture stream's: two graphs of one capture
-  stream replayed at once share it, and cuBLAS's cooperative kernels, which keep counters
+  different memory pools (a pool's graphs may share intermediate memory). cuBLAS keeps one
+  workspace per stream, and the captured kernels keep the capture stream's: two graphs of
+  one capture stream replayed at once share it, and cuBLAS's cooperative kernels, which keep counters
   there, then corrupt each other's results or spin forever (seen on an H200 at 24 calls:
   both streams hung in one such kernel).
 

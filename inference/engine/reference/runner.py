@@ -52,10 +52,10 @@ class DeviceRunner:
     The loop's work (prompt chunks, the decode steps, the talkers' starts) goes on a stream of
     its own at a high priority (token2wav's is lower). With `talker_stream` the talker's
     decode step goes first in a loop step (`talker_beside_thinker`) and, on CUDA, on a second
-    stream, beside the thinker's. Each step reads its weights once
-    and neither reaches the GPU's bandwidth (at Qwen2.5-Omni-7B's shapes the thinker's ~14 GB
-    at 3.3 TB/s, the talker's ~2.7 GB at ~1.5 TB/s: latency-bound, one small kernel after
-    another), so side by side they should take less than one after the other. The talker's
+    stream, beside the thinker's. Each step reads its weights once and neither reaches the
+    GPU's bandwidth (at Qwen2.5-Omni-7B's shapes the thinker's ~14 GB at 3.3 TB/s, the
+    talker's ~2.7 GB at ~1.5 TB/s: latency-bound, one small kernel after another), so side
+    by side they should take less than one after the other. The talker's
     step then reads only what earlier steps made (a reply-stream element is a step old when
     its talker reads it), so the two are independent within a step; the talker runs a step
     behind the thinker, so its first code comes one thinker step later."""
