@@ -13,7 +13,13 @@ bandwidth each reaches (weight bytes / time):
   the activation rows quantized on the fly (the recipe of the engine's former `fp8` option);
 - `fp8 tensorwise`: the same with one scale per tensor (cuBLASLt's FP8 path);
 - `fp8 weight-only`: float8 weights widened to bfloat16 inside a compiled function, the
-  activations untouched (inductor decides whether the widening fuses into the product).
+  activations untouched (inductor decides whether the widening fuses into the product);
+- `int8 weight-only`: the fused layout's four products as int8 weights with a scale per
+  channel, widened in registers by the engine's Triton kernel
+  (inference/engine/reference/int8_matmul.py); the fastest of INT8_CONFIGS' launch
+  configurations at each batch, named in the output.
+
+Each cell's `error` is the largest relative L2 distance of a product from bfloat16's.
 
 A layer's seven products are timed together (q, k, v, o, gate, up, down), times the layers
 (28 in the thinker, 24 in the talker), to set beside the whole decode steps' times
@@ -33,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpu_timing import replay_ms  # noqa: E402  (bench/)
 from inference.engine.reference.cuda_graphs import CapturedStep  # noqa: E402
+from inference.engine.reference.int8_matmul import int8_linear, quantize  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
@@ -42,6 +49,8 @@ THINKER = [(3584, 3584), (3584, 512), (3584, 512), (3584, 3584), (3584, 18944), 
 TALKER = [(896, 1536), (896, 512), (896, 512), (1536, 896), (896, 18944), (896, 18944), (18944, 896)]
 MODELS = {"thinker": (THINKER, 28), "talker": (TALKER, 24)}
 BATCHES = (1, 8, 32)
+# the int8 kernel's launch configurations tried: (block_n, block_k, warps, stages)
+INT8_CONFIGS = [(32, 128, 4, 4), (64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 8, 3), (32, 256, 4, 4)]
 
 
 def main() -> None:
@@ -96,17 +105,26 @@ def measure(model: str, shapes: list[tuple[int, int]], layers: int, device: torc
     def layer_weight_only(x):
         return [F.linear(x[i], w.to(torch.bfloat16)) * ws.to(torch.bfloat16) for i, (w, ws) in enumerate(rowwise)]
 
+    int8 = [quantize(w) for w in (qkv, weights[3], gate_up, weights[6])]
+
+    def layer_int8(x, config):
+        block_n, block_k, warps, stages = config
+        return [int8_linear(x[i], w, block_n=block_n, block_k=block_k, num_warps=warps, num_stages=stages)
+                for i, w in zip((0, 3, 4, 6), int8)]
+
     kinds = {"bf16": (layer_bf16, bytes_bf16), "bf16 fused": (layer_bf16_fused, bytes_bf16),
              "fp8 rowwise": (layer_rowwise, bytes_bf16 // 2),
              "fp8 tensorwise": (layer_tensorwise, bytes_bf16 // 2),
              "fp8 weight-only": (layer_weight_only, bytes_bf16 // 2)}
+    for config in INT8_CONFIGS:
+        kinds[f"int8 weight-only {config}"] = (lambda x, config=config: layer_int8(x, config), bytes_bf16 // 2)
     print(f"one {model} layer's 7 products ({bytes_bf16 / 1e6:.0f} MB in bfloat16), x{layers} layers:")
     for batch in BATCHES:
         inputs = [torch.randn(batch, k, device=device, dtype=torch.bfloat16) for k, _ in shapes]
         inputs[1] = inputs[2] = inputs[0]  # q, k and v read the same rows, as gate and up do
         inputs[5] = inputs[4]
         reference = [o.float() for o in layer_bf16(inputs)]
-        cells = []
+        cells, int8_best = [], None
         for name, (layer, nbytes) in kinds.items():
             try:
                 ms = replay_ms(CapturedStep(lambda: layer(inputs)), repeats=50)
@@ -116,9 +134,16 @@ def measure(model: str, shapes: list[tuple[int, int]], layers: int, device: torc
                     gate, up = out[2].split([w.shape[0] for w in weights[4:6]], dim=-1)
                     out = [q, k, v, out[1], gate, up, out[3]]
                 error = max(((o.float() - r).norm() / r.norm()).item() for o, r in zip(out, reference))
-                cells.append(f"{name} {ms * layers:.2f} ms ({nbytes / ms / 1e9:.2f} TB/s, error {error:.3f})")
+                cell = f"{name} {ms * layers:.2f} ms ({nbytes / ms / 1e9:.2f} TB/s, error {error:.3f})"
+                if name.startswith("int8"):  # only the fastest configuration is printed
+                    if int8_best is None or ms < int8_best[0]:
+                        int8_best = (ms, cell)
+                    continue
+                cells.append(cell)
             except Exception as e:  # a kernel this build lacks: say so and go on
                 cells.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+        if int8_best is not None:
+            cells.append(int8_best[1])
         print(f"  batch {batch:>2}: " + "; ".join(cells))
 
 

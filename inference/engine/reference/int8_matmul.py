@@ -1,0 +1,105 @@
+"""Weight-only int8 products for decode steps, as one Triton kernel: y = x · (q · s)ᵀ.
+
+A decode step multiplies a few rows (one per running reply, 1 to 32) by every weight matrix
+once, so its time is the time to read the weights. In bfloat16, read by cuBLAS, a 7B thinker's
+products reach 3.0-3.3 TB/s on an H200 (bench/decode_gemm.py). Stored as int8 with one scale
+per output channel (`quantize`), the weights are half the bytes. The kernel reads them as int8
+and widens them to the activations' dtype in registers, so nothing wider than int8 is read from
+memory. torch 2.11's own low-precision paths do not do this at so few rows: its FP8 kernels
+reach 0.2-1.2 TB/s there (decode_gemm.py's fp8 rows).
+
+Each program computes a block of output channels for a block of rows, walking K in steps of
+BLOCK_K with a float32 accumulator, then multiplies by the channels' scales. The rows are
+padded to 16 inside the kernel (the smallest `tl.dot`); padding rows are masked, never read
+or written.
+
+Status: exact against the dequantized product (tests, under Triton's interpreter on the
+CPU). Its speed on a GPU is not measured yet (`bench/decode_gemm.py`'s `int8 weight-only`
+row is the measurement), and the engine does not use it yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+    HAVE_TRITON = True
+except ImportError:  # the CPU-only install: the kernel is there only where Triton is
+    HAVE_TRITON = False
+
+
+@dataclass
+class Int8Weight:
+    """A weight matrix (N, K) as int8 values and a float32 scale per output channel:
+    weight ≈ values * scale[:, None]."""
+    values: torch.Tensor  # (N, K) int8, K contiguous
+    scale: torch.Tensor   # (N,) float32
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.values.shape
+
+
+def quantize(weight: torch.Tensor) -> Int8Weight:
+    """Symmetric per-channel int8: each output channel's largest magnitude maps to 127, so an
+    element's error is at most half its channel's scale."""
+    w = weight.detach().float()
+    scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+    values = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return Int8Weight(values.contiguous(), scale.contiguous())
+
+
+def dequantize(weight: Int8Weight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return (weight.values.float() * weight.scale[:, None]).to(dtype)
+
+
+def int8_linear(x: torch.Tensor, weight: Int8Weight, block_n: int = 64, block_k: int = 128,
+                num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
+    """x (..., K) times the weight (N, K) transposed: (..., N) in x's dtype, accumulated in
+    float32. The block sizes and warps are the kernel's launch configuration (bench/decode_gemm.py
+    tries several)."""
+    if not HAVE_TRITON:
+        raise RuntimeError("int8_linear needs Triton")
+    n, k = weight.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"x has {x.shape[-1]} columns, the weight {k}")
+    rows = x.reshape(-1, k)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    m = rows.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m))
+    _int8_weight_kernel[grid](rows, weight.values, weight.scale, out, m, n, k,
+                              rows.stride(0), weight.values.stride(0), out.stride(0),
+                              BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                              num_warps=num_warps, num_stages=num_stages)
+    return out.reshape(*x.shape[:-1], n)
+
+
+if HAVE_TRITON:
+    @triton.jit
+    def _int8_weight_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K,
+                            stride_xm, stride_wn, stride_ym,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        channels = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rows < M
+        channel_ok = channels < N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for start in range(0, K, BLOCK_K):
+            ks = start + tl.arange(0, BLOCK_K)
+            k_ok = ks < K
+            x = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :],
+                        mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_ptr + channels[:, None] * stride_wn + ks[None, :],
+                        mask=channel_ok[:, None] & k_ok[None, :], other=0)
+            acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+        scale = tl.load(scale_ptr + channels, mask=channel_ok, other=0.0)
+        y = acc * scale[None, :]
+        tl.store(y_ptr + rows[:, None] * stride_ym + channels[None, :], y.to(y_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & channel_ok[None, :])
