@@ -196,6 +196,10 @@ class ReferenceEngine(OmniEngine):
         states of earlier steps, and on cuda runs on a stream of its own beside the thinker's
         (default False: not yet measured on a GPU; runner.py's DeviceRunner says why it
         should pay). The codes are the same either way.
+      int8_weights: Qwen2.5-Omni's thinker reads int8 copies of its layers' weights (a scale
+        per output channel) in decode steps, through one Triton kernel (int8_matmul.py);
+        prompt chunks keep the bfloat16 weights, which stay loaded (default False: not yet
+        measured on a GPU; needs Triton).
       compile: torch.compile (inductor) the decode steps and the DiT evaluation before they
         are captured: fused kernels, about half the step time on an H200 (default True on
         cuda, False on cpu). Compiling takes minutes the first time, seconds from the cache.
@@ -245,6 +249,7 @@ class ReferenceEngine(OmniEngine):
                  first_ode_steps: int | None = None, ramp_chunks: int | None = None,
                  quick_start_below: int | None = None, talker_ahead_chunks: int = AHEAD_CHUNKS,
                  cuda_graphs: bool | None = None, talker_stream: bool = False,
+                 int8_weights: bool = False,
                  fused_vocoder: bool | None = None, compile: bool | None = None,
                  compile_cache_dir: str | None = None,
                  code2wav_first_frames: int = 2, code2wav_chunk_frames: int = 4,
@@ -268,6 +273,8 @@ class ReferenceEngine(OmniEngine):
             raise ValueError(f"target_kv_slots must be between 1 and {MAX_SLOTS}")
         self.target_kv_slots = target_kv_slots
         self.family = family_for(model)
+        if int8_weights and self.family.name != "qwen2.5-omni":
+            raise ValueError("int8_weights is for Qwen2.5-Omni's thinker (its joined layers)")
         tiny = model in ("tiny-random", QWEN3_TINY)
         reply_defaults = TINY_RANDOM_REPLY if tiny else REPLY
         max_new_tokens = reply_defaults.max_new_tokens if max_new_tokens is None else max_new_tokens
@@ -279,6 +286,7 @@ class ReferenceEngine(OmniEngine):
             raise ValueError("kv_memory_fraction must be in (0, 0.95]")
         self.cuda_graphs = cuda_graphs
         self.talker_stream = talker_stream
+        self.int8_weights = int8_weights
         self.kv_slots = kv_slots
         self.kv_memory_fraction = kv_memory_fraction
         self.context_tokens = context_tokens  # None: sized at start (`size_kv`)
@@ -352,6 +360,7 @@ class ReferenceEngine(OmniEngine):
             thinker_capacity=self.context_tokens, talker_capacity=talker_capacity,
             talker_sampling=self.settings.talker_sampling, chunk_plan=self.settings.chunk_plan,
             device=self.device, cuda_graphs=self.cuda_graphs, talker_stream=self.talker_stream,
+            int8_weights=self.int8_weights,
             encoder_cache_bytes=self.encoder_cache_bytes,
             prefill_chunk_tokens=self.prefill_chunk_tokens, token2wav_dtype=self.token2wav_dtype,
             compile=self.compile, other_chunk_plans=self._other_chunk_plans(),

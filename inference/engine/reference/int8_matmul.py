@@ -13,9 +13,15 @@ BLOCK_K with a float32 accumulator, then multiplies by the channels' scales. The
 padded to 16 inside the kernel (the smallest `tl.dot`); padding rows are masked, never read
 or written.
 
+`quantize_thinker` gives a thinker's joined layers (joined_layers.py) int8 copies of their
+four products' weights; `joined_decoder_layer` then runs them through this kernel wherever a
+forward has at most DECODE_ROWS rows (decode steps), and through the bfloat16 weights
+otherwise (prompt chunks, which are compute-bound and where cuBLAS is the faster). It is the
+engine's `int8_weights` option, off by default.
+
 Status: exact against the dequantized product (tests, under Triton's interpreter on the
-CPU). Its speed on a GPU is not measured yet (`bench/decode_gemm.py`'s `int8 weight-only`
-row is the measurement), and the engine does not use it yet.
+CPU). Its speed on a GPU is not measured yet: `bench/decode_gemm.py`'s `int8 weight-only`
+row times the products, `bench/reference_gpu.py --variants default,int8-weights` the engine.
 """
 
 from __future__ import annotations
@@ -55,6 +61,45 @@ def quantize(weight: torch.Tensor) -> Int8Weight:
 
 def dequantize(weight: Int8Weight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return (weight.values.float() * weight.scale[:, None]).to(dtype)
+
+
+DECODE_ROWS = 64  # forwards with at most this many rows use the int8 weights
+
+
+@torch.no_grad()
+def quantize_thinker(layers) -> None:
+    """Int8 copies (buffers `<name>_int8`, `<name>_scale`) of each joined layer's qkv, o,
+    gate_up and down weights; the bfloat16 weights stay for the prompt chunks."""
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        for owner, name, weight in ((attn, "qkv", attn.qkv_weight), (attn, "o", attn.o_proj.weight),
+                                    (mlp, "gate_up", mlp.gate_up_weight),
+                                    (mlp, "down", mlp.down_proj.weight)):
+            q = quantize(weight)
+            owner.register_buffer(f"{name}_int8", q.values, persistent=False)
+            owner.register_buffer(f"{name}_scale", q.scale, persistent=False)
+
+
+def product(x: torch.Tensor, owner, name: str, weight: torch.Tensor,
+            bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x times `weight` transposed (+ bias): through the int8 copy `owner` holds under `name`
+    when there is one and x has at most DECODE_ROWS rows, else `F.linear`."""
+    values = getattr(owner, f"{name}_int8", None)
+    if values is None or x.numel() // x.shape[-1] > DECODE_ROWS:
+        return torch.nn.functional.linear(x, weight, bias)
+    out = torch.ops.omni.int8_linear(x, values, getattr(owner, f"{name}_scale"))
+    return out if bias is None else out + bias
+
+
+@torch.library.custom_op("omni::int8_linear", mutates_args=())
+def _int8_linear_op(x: torch.Tensor, values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """`int8_linear` as an operator torch.compile keeps whole (it cannot see into the launch)."""
+    return int8_linear(x, Int8Weight(values, scale))
+
+
+@_int8_linear_op.register_fake
+def _(x: torch.Tensor, values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], values.shape[0]))
 
 
 def int8_linear(x: torch.Tensor, weight: Int8Weight, block_n: int = 64, block_k: int = 128,

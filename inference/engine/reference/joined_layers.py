@@ -23,9 +23,10 @@ forward still works on the same model and no weight is held twice.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import apply_rotary_pos_emb
+
+from .int8_matmul import product
 
 
 @torch.no_grad()
@@ -65,16 +66,19 @@ def is_joined(layer) -> bool:
 
 def joined_decoder_layer(layer, hidden: torch.Tensor, view, rotary) -> torch.Tensor:
     """`Qwen2_5OmniDecoderLayer.forward` on the pool with the joined weights: `view` is the
-    layer's `LayerView` (its cache and its mask, as kv_pool.decoder_layer passes it)."""
+    layer's `LayerView` (its cache and its mask, as kv_pool.decoder_layer passes it). Each
+    product goes through `int8_matmul.product` (the int8 weights where a layer has them)."""
     attn, mlp = layer.self_attn, layer.mlp
     batch, length, _ = hidden.shape
     x = layer.input_layernorm(hidden)
-    q, k, v = F.linear(x, attn.qkv_weight, attn.qkv_bias).split(attn.qkv_sizes, dim=-1)
+    q, k, v = product(x, attn, "qkv", attn.qkv_weight, attn.qkv_bias).split(attn.qkv_sizes, dim=-1)
     q, k, v = [t.view(batch, length, -1, attn.head_dim).transpose(1, 2) for t in (q, k, v)]
     q, k = apply_rotary_pos_emb(q, k, *rotary)
     keys, values = view.update(k, v)
     attention = ALL_ATTENTION_FUNCTIONS[attn.config._attn_implementation]
     out, _ = attention(attn, q, keys, values, view, dropout=0.0, scaling=attn.scaling)
-    hidden = hidden + attn.o_proj(out.reshape(batch, length, -1))
-    gate, up = F.linear(layer.post_attention_layernorm(hidden), mlp.gate_up_weight).chunk(2, dim=-1)
-    return hidden + mlp.down_proj(mlp.act_fn(gate) * up)
+    hidden = hidden + product(out.reshape(batch, length, -1), attn, "o", attn.o_proj.weight,
+                              attn.o_proj.bias)
+    gate, up = product(layer.post_attention_layernorm(hidden), mlp, "gate_up",
+                       mlp.gate_up_weight).chunk(2, dim=-1)
+    return hidden + product(mlp.act_fn(gate) * up, mlp, "down", mlp.down_proj.weight)

@@ -32,6 +32,7 @@ from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as omni
 
 from .compiled import compile_step, talker_layer, thinker_layer
 from .cuda_graphs import batch_buckets, bucket_for, capture_each
+from .int8_matmul import quantize_thinker
 from .joined_layers import join_projections
 from .kv_pool import BatchView, KVPool, forward
 from .prompt import Clip, Prompt, audio_features
@@ -125,7 +126,7 @@ class ModelRunner(DeviceRunner):
     def __init__(self, model, feature_extractor, *, slots: int, thinker_capacity: int,
                  talker_capacity: int, talker_sampling: SamplingParams, chunk_plan: ChunkPlan,
                  device: torch.device, cuda_graphs: bool, encoder_cache_bytes: int,
-                 prefill_chunk_tokens: int, talker_stream: bool = False,
+                 prefill_chunk_tokens: int, talker_stream: bool = False, int8_weights: bool = False,
                  token2wav_dtype: torch.dtype = torch.float32,
                  compile: bool = False, other_chunk_plans: tuple[ChunkPlan, ...] = (),
                  fused_vocoder: bool | None = None, settings=None) -> None:
@@ -138,6 +139,8 @@ class ModelRunner(DeviceRunner):
         # q/k/v and gate/up as one product each in every decode step and prompt chunk
         join_projections(self.thinker.model.layers)
         join_projections(self.talker.model.layers)
+        if int8_weights:  # the thinker's decode steps read int8 copies (int8_matmul.py)
+            quantize_thinker(self.thinker.model.layers)
         text_config = self.thinker.config.text_config
         dtype = self.thinker.lm_head.weight.dtype
         self.thinker_pool = KVPool(text_config, slots, thinker_capacity, device, dtype)

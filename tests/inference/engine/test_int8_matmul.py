@@ -1,6 +1,9 @@
 """The weight-only int8 product (int8_matmul.py) against the dequantized weight's product, under
 Triton's interpreter on the CPU, at the row counts and edges a decode step meets: 1, a few and
 more than 16 rows (the kernel pads to 16 and 32), channels and K not multiples of the blocks.
+Then the engine's `int8_weights`: a thinker layer with int8 copies computes what the same
+layer with the dequantized weights computes (decode-sized forwards), keeps its own weights for
+long prompt chunks, and the engine answers with it.
 
 The interpreter cannot run a bfloat16 `tl.dot` (it returns garbage for bfloat16 × bfloat16
 alone), so float32 and float16 rows stand in; bench/decode_gemm.py checks the bfloat16 path's
@@ -18,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from inference.engine import create_engine
 from inference.engine.reference.int8_matmul import dequantize, quantize
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -65,3 +69,105 @@ def test_quantization_error_is_at_most_half_a_step_per_channel():
     # each channel keeps its own scale: the smallest channel is as precise, relatively, as the largest
     relative = error.amax(1) / weight.abs().amax(1)
     assert relative.max() <= 0.5 / 127 + 1e-6
+
+
+LAYERS = """
+import copy, json, os, torch
+from inference.engine.reference.int8_matmul import DECODE_ROWS, quantize_thinker
+from inference.engine.reference.joined_layers import join_projections
+from inference.engine.reference.kv_pool import BatchView, KVPool, forward
+from inference.engine.reference.loading import load_model
+
+torch.set_grad_enabled(False)
+
+def dequantized(owner, name):
+    return getattr(owner, name + "_int8").float() * getattr(owner, name + "_scale")[:, None]
+
+model = load_model("tiny-random", torch.device("cpu"), torch.float32).model
+plain = copy.deepcopy(model.thinker.model)
+join_projections(plain.layers)
+int8 = copy.deepcopy(plain)
+quantize_thinker(int8.layers)
+exact = copy.deepcopy(plain)  # its weights replaced by the int8 copies' values
+for layer, source in zip(exact.layers, int8.layers):
+    attn, mlp = layer.self_attn, layer.mlp
+    attn.qkv_weight.copy_(dequantized(source.self_attn, "qkv"))  # q/k/v_proj are views into it
+    attn.o_proj.weight.copy_(dequantized(source.self_attn, "o"))
+    mlp.gate_up_weight.copy_(dequantized(source.mlp, "gate_up"))
+    mlp.down_proj.weight.copy_(dequantized(source.mlp, "down"))
+hidden = plain.config.hidden_size
+
+def run(text_model, chunk_length):
+    pool = KVPool(text_model.config, slots=2, capacity=256, device=torch.device("cpu"), dtype=torch.float32)
+    embeds = torch.randn((1, chunk_length, hidden), generator=torch.Generator().manual_seed(1))
+    chunk = BatchView(pool, 1, chunk_length)
+    chunk.point([1], [0])
+    out = [forward(text_model, chunk, embeds, torch.arange(chunk_length).view(1, 1, -1).expand(3, 1, -1))]
+    step = BatchView(pool, 1, 1)
+    for position in range(chunk_length, chunk_length + 3):
+        step.point([1], [position])
+        token = torch.randn((1, 1, hidden), generator=torch.Generator().manual_seed(position))
+        out.append(forward(text_model, step, token, torch.full((3, 1, 1), position)))
+    return torch.cat(out, dim=1)
+
+def distance(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+short = {name: run(m, 9) for name, m in (("int8", int8), ("exact", exact), ("plain", plain))}
+long_chunk = DECODE_ROWS + 6  # past the int8 rows: the layer's own weights
+long = {name: run(m, long_chunk)[:, :long_chunk] for name, m in (("int8", int8), ("plain", plain))}
+print(json.dumps({"int8_vs_exact": distance(short["int8"], short["exact"]),
+                  "int8_vs_plain": distance(short["int8"], short["plain"]),
+                  "long_chunk_int8_vs_plain": distance(long["int8"], long["plain"])}))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_int8_thinker_layers_compute_with_their_int8_weights_in_decode_sized_forwards(tmp_path):
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "OMNI_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", LAYERS], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["int8_vs_exact"] < 1e-5  # the kernel computes with exactly the int8 values
+    assert 1e-5 < result["int8_vs_plain"] < 0.05  # which differ a little from the weights
+    assert result["long_chunk_int8_vs_plain"] == 0.0  # a long prompt chunk reads the weights
+
+
+ENGINE = """
+import asyncio, json, numpy as np
+from inference.engine import AudioDelta, Finished, GenerationRequest, UserAudio, UserText, create_engine
+
+async def main():
+    engine = create_engine("reference", "tiny-random", seed=7, max_audio_seconds=1.0,
+                           min_audio_seconds=0.5, max_new_tokens=12, int8_weights=True, warmup=False)
+    await engine.start()
+    runner = engine.runner
+    buffers = {"int8_buffers": hasattr(runner.thinker.model.layers[0].mlp, "down_int8"),
+               "talker_int8": hasattr(runner.talker.model.layers[0].mlp, "down_int8")}
+    request = GenerationRequest(request_id="int8", instructions="Answer briefly.", modalities=("text", "audio"),
+                                context=[UserAudio(np.zeros(8000, dtype=np.float32)), UserText("Hi")],
+                                max_output_tokens=12)
+    deltas = [d async for d in engine.generate(request)]
+    await engine.close()
+    print(json.dumps({**buffers, "finished": isinstance(deltas[-1], Finished),
+                      "audio": sum(len(d.audio) for d in deltas if isinstance(d, AudioDelta))}))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_the_engine_answers_with_int8_thinker_weights(tmp_path):
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "OMNI_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", ENGINE], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"int8_buffers": True, "talker_int8": False, "finished": True,
+                      "audio": result["audio"]} and result["audio"] > 0
+
+
+def test_int8_weights_are_refused_for_qwen3_omni():
+    with pytest.raises(ValueError, match="Qwen2.5-Omni"):
+        create_engine("reference", "tiny-random-qwen3-omni", int8_weights=True)
