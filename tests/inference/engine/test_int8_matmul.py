@@ -2,8 +2,8 @@
 Triton's interpreter on the CPU, at the row counts and edges a decode step meets: 1, a few and
 more than 16 rows (the kernel pads to 16 and 32), channels and K not multiples of the blocks.
 Then the engine's `int8_weights`: a thinker layer with int8 copies computes what the same
-layer with the dequantized weights computes (decode-sized forwards), keeps its own weights for
-long prompt chunks, and the engine answers with it.
+layer with the dequantized weights computes (decode-sized forwards, eager and compiled), keeps
+its own weights for long prompt chunks, and the engine answers with it.
 
 The interpreter cannot run a bfloat16 `tl.dot` (it returns garbage for bfloat16 × bfloat16
 alone), so float32 and float16 rows stand in; bench/decode_gemm.py checks the bfloat16 path's
@@ -73,6 +73,7 @@ def test_quantization_error_is_at_most_half_a_step_per_channel():
 
 LAYERS = """
 import copy, json, os, torch
+from inference.engine.reference.compiled import compile_step, thinker_layer
 from inference.engine.reference.int8_matmul import DECODE_ROWS, quantize_thinker
 from inference.engine.reference.joined_layers import join_projections
 from inference.engine.reference.kv_pool import BatchView, KVPool, forward
@@ -97,7 +98,7 @@ for layer, source in zip(exact.layers, int8.layers):
     mlp.down_proj.weight.copy_(dequantized(source.mlp, "down"))
 hidden = plain.config.hidden_size
 
-def run(text_model, chunk_length):
+def run(text_model, chunk_length, layer_step=thinker_layer):
     pool = KVPool(text_model.config, slots=2, capacity=256, device=torch.device("cpu"), dtype=torch.float32)
     embeds = torch.randn((1, chunk_length, hidden), generator=torch.Generator().manual_seed(1))
     chunk = BatchView(pool, 1, chunk_length)
@@ -107,7 +108,7 @@ def run(text_model, chunk_length):
     for position in range(chunk_length, chunk_length + 3):
         step.point([1], [position])
         token = torch.randn((1, 1, hidden), generator=torch.Generator().manual_seed(position))
-        out.append(forward(text_model, step, token, torch.full((3, 1, 1), position)))
+        out.append(forward(text_model, step, token, torch.full((3, 1, 1), position), layer_step))
     return torch.cat(out, dim=1)
 
 def distance(a, b):
@@ -116,7 +117,11 @@ def distance(a, b):
 short = {name: run(m, 9) for name, m in (("int8", int8), ("exact", exact), ("plain", plain))}
 long_chunk = DECODE_ROWS + 6  # past the int8 rows: the layer's own weights
 long = {name: run(m, long_chunk)[:, :long_chunk] for name, m in (("int8", int8), ("plain", plain))}
-print(json.dumps({"int8_vs_exact": distance(short["int8"], short["exact"]),
+# the decode steps' layer compiled as the engine compiles it (one graph, no breaks: the
+# kernel is an operator compile keeps whole)
+compiled = run(int8, 9, compile_step(thinker_layer, True))
+print(json.dumps({"compiled_vs_eager": distance(compiled, short["int8"]),
+                  "int8_vs_exact": distance(short["int8"], short["exact"]),
                   "int8_vs_plain": distance(short["int8"], short["plain"]),
                   "long_chunk_int8_vs_plain": distance(long["int8"], long["plain"])}))
 """
@@ -130,6 +135,7 @@ def test_int8_thinker_layers_compute_with_their_int8_weights_in_decode_sized_for
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["int8_vs_exact"] < 1e-5  # the kernel computes with exactly the int8 values
+    assert result["compiled_vs_eager"] < 1e-5
     assert 1e-5 < result["int8_vs_plain"] < 0.05  # which differ a little from the weights
     assert result["long_chunk_int8_vs_plain"] == 0.0  # a long prompt chunk reads the weights
 
