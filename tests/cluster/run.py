@@ -107,6 +107,7 @@ def wait_ready_agents(count: int, timeout: float) -> list[str]:
     """At least `count` omni-agent pods Ready and registered with the LiveKit server that runs
     now; returns the Ready ones."""
     deadline = time.monotonic() + timeout
+    ready: list[str] = []
     while time.monotonic() < deadline:
         ready = [p["metadata"]["name"] for p in agent_pods() if pod_ready(p)]
         if len(ready) >= count and not unregistered(ready):
@@ -120,8 +121,8 @@ def wait_ready_agents(count: int, timeout: float) -> list[str]:
 def unregistered(pods: list[str]) -> list[str]:
     """The agent pods with no "registered worker" log line since the running LiveKit server
     started. LiveKit offers a room's call to the agents registered when the room starts, and
-    never again: after a LiveKit restart an agent takes up to ~30 s to register again
-    (its reconnect back-off), and a call placed before that never gets an agent."""
+    never again: after a LiveKit restart an agent takes a while to register again (its
+    reconnect back-off; 36 s here), and a call placed before that never gets an agent."""
     servers = kubectl_json("-n", "livekit", "get", "pods", "-l", f"{APP}=livekit-server")["items"]
     started = [c["state"]["running"]["startedAt"] for pod in servers
                if not pod["metadata"].get("deletionTimestamp")
@@ -131,12 +132,19 @@ def unregistered(pods: list[str]) -> list[str]:
     since = max(started)  # RFC 3339 in UTC: compared as text
     missing = []
     for pod in pods:
-        registered = [json.loads(line).get("timestamp", "") for line in
-                      kubectl("-n", NAMESPACE, "logs", pod, "-c", "agent", check=False).splitlines()
-                      if '"registered worker"' in line and line.startswith("{")]
+        log = kubectl("-n", NAMESPACE, "logs", pod, "-c", "agent", check=False)
+        registered = [log_time(line) for line in log.splitlines() if '"registered worker"' in line]
         if not any(stamp[:19] >= since[:19] for stamp in registered):
             missing.append(pod)
     return missing
+
+
+def log_time(line: str) -> str:
+    """The `timestamp` of one of the agent's JSON log lines ("" if it is not one)."""
+    try:
+        return str(json.loads(line).get("timestamp", ""))
+    except (ValueError, AttributeError):
+        return ""
 
 
 def pod_of_room(room: str, pods: list[str]) -> str | None:
