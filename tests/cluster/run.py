@@ -446,7 +446,11 @@ def check_worker_kill(report: Report, api_secret: str, calls_m: int) -> tuple[in
 def check_network_policy(report: Report) -> None:
     """Who reaches the worker's port 8000 of one omni-agent pod: not a pod in `default`; the
     other omni-agent pod's agent (its fallback) and a pod in `monitoring` (Prometheus) may."""
-    pods = agent_pods()
+    # the checks before may have scaled omni-agent out, and a scale-in during the probes
+    # would remove the pods they use: start from the HPA's minimum, settled
+    waited = wait_hpa_minimum()
+    ready = wait_ready_agents(2, 600)
+    pods = [p for p in agent_pods() if p["metadata"]["name"] in ready]
     pod, other = pods[0], pods[1]
     target = f"{pod['status']['podIP']}:8000"
     image = next(c["image"] for c in pod["spec"]["containers"] if c["name"] == "agent")
@@ -469,6 +473,7 @@ def check_network_policy(report: Report) -> None:
             said = next((line for line in out.splitlines() if line.startswith(("open", "closed"))), "no answer")
             results[ns] = "open" if said.startswith("open") else "closed"
             report.fact(f"  from a pod in namespace {ns}: {said}")
+        report.fact(f"  (after {waited:.0f} s waiting for the HPA's minimum of 2 replicas)")
         out = kubectl("-n", NAMESPACE, "exec", other["metadata"]["name"], "-c", "agent", "--", "python", "-c", probe,
                       timeout=60)
         results["omni-agent"] = "open" if "open" in out.split() else "closed"
@@ -476,6 +481,17 @@ def check_network_policy(report: Report) -> None:
                     f"{out.splitlines()[-1] if out else results['omni-agent']}")
         if results != {"default": "closed", "monitoring": "open", "omni-agent": "open"}:
             raise ClusterError(f"the NetworkPolicy is not enforced as written: {results}")
+
+
+def wait_hpa_minimum(timeout: float = 600.0) -> float:
+    """Wait until the omni-agent HPA is at its minimum, 2 replicas current and desired;
+    returns the seconds waited."""
+    started = time.monotonic()
+    while hpa_state()[:2] != (2, 2):
+        if time.monotonic() - started > timeout:
+            raise ClusterError(f"the HPA did not come back to 2 replicas in {timeout:.0f} s: {hpa_state()}")
+        time.sleep(10.0)
+    return time.monotonic() - started
 
 
 def hpa_state() -> tuple[int, int, str]:
@@ -514,15 +530,11 @@ def check_hpa(report: Report, api_secret: str, calls_n: int) -> None:
     async def run() -> None:
         wait_ready_agents(2, 600)
         # The checks before may have left the HPA scaled out: start from its minimum, settled.
-        settled = time.monotonic()
-        while hpa_state()[:2] != (2, 2):
-            if time.monotonic() - settled > 600:
-                raise ClusterError(f"the HPA did not come back to 2 replicas before the load: {hpa_state()}")
-            await asyncio.sleep(10.0)
+        waited = wait_hpa_minimum()
         wait_ready_agents(2, 600)
         start = time.monotonic()
         report.fact(f"  before: replicas, desired, CPU = {hpa_state()} "
-                    f"(after {start - settled:.0f} s waiting for the HPA's minimum)")
+                    f"(after {waited:.0f} s waiting for the HPA's minimum)")
         stop = asyncio.Event()
         loader = asyncio.create_task(load(stop))
         out_at = None
