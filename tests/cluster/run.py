@@ -466,6 +466,7 @@ def check_network_policy(report: Report) -> None:
              "  time.sleep(1)\n") % (pod["status"]["podIP"], PROBE_S)
     results = {}
     with report.step(f"NetworkPolicy: who reaches the worker at {target}"):
+        report.fact(f"  (after {waited:.0f} s waiting for the HPA's minimum of 2 replicas)")
         for ns in ("default", "monitoring"):
             name = f"netpol-probe-{uuid.uuid4().hex[:6]}"
             out = kubectl("-n", ns, "run", name, "--rm", "-i", "--restart=Never", f"--image={image}",
@@ -473,7 +474,6 @@ def check_network_policy(report: Report) -> None:
             said = next((line for line in out.splitlines() if line.startswith(("open", "closed"))), "no answer")
             results[ns] = "open" if said.startswith("open") else "closed"
             report.fact(f"  from a pod in namespace {ns}: {said}")
-        report.fact(f"  (after {waited:.0f} s waiting for the HPA's minimum of 2 replicas)")
         out = kubectl("-n", NAMESPACE, "exec", other["metadata"]["name"], "-c", "agent", "--", "python", "-c", probe,
                       timeout=60)
         results["omni-agent"] = "open" if "open" in out.split() else "closed"
