@@ -11,20 +11,12 @@ error on the GPU."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from inference.engine import create_engine
 from inference.engine.reference.int8_matmul import dequantize, quantize
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.support.triton_interpreter import needs_triton, run_interpreted
 
 CHECK = """
 import json, torch
@@ -44,13 +36,9 @@ print(json.dumps(results))
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@needs_triton
 def test_the_int8_kernel_equals_the_dequantized_product():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", CHECK], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout.strip().splitlines()[-1])
+    results = run_interpreted(CHECK)
     assert len(results) == 5
     for shape, expected_shape, dtype, error in results[:4]:
         assert shape == expected_shape and dtype == "float32"
@@ -127,13 +115,9 @@ print(json.dumps({"compiled_vs_eager": distance(compiled, short["int8"]),
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@needs_triton
 def test_int8_thinker_layers_compute_with_their_int8_weights_in_decode_sized_forwards(tmp_path):
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "OMNI_CACHE_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", LAYERS], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_interpreted(LAYERS, OMNI_CACHE_DIR=str(tmp_path))
     assert result["int8_vs_exact"] < 1e-5  # the kernel computes with exactly the int8 values
     assert result["compiled_vs_eager"] < 1e-5
     assert 1e-5 < result["int8_vs_plain"] < 0.05  # which differ a little from the weights
@@ -163,13 +147,9 @@ asyncio.run(main())
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@needs_triton
 def test_the_engine_answers_with_int8_thinker_weights(tmp_path):
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "OMNI_CACHE_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", ENGINE], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_interpreted(ENGINE, OMNI_CACHE_DIR=str(tmp_path))
     assert result == {"int8_buffers": True, "talker_int8": False, "finished": True,
                       "audio": result["audio"]} and result["audio"] > 0
 

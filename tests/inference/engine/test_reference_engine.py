@@ -682,6 +682,14 @@ async def each_alone(engine, requests, tag: str, codes: dict) -> list:
     return [outcome(await collect(engine, req), codes[req.request_id]) for req in tagged(requests, tag)]
 
 
+async def assert_together_as_alone(engine, requests, tag: str, alone: list, codes: dict) -> None:
+    """The requests run at once (ids `tag-0`, …): each finishes with the reply it gave alone."""
+    results = await asyncio.gather(*(collect(engine, req) for req in tagged(requests, tag)))
+    for i, deltas in enumerate(results):
+        assert isinstance(deltas[-1], Finished)
+        assert_same_reply(outcome(deltas, codes[f"{tag}-{i}"]), alone[i])
+
+
 def turns(seed: int) -> list[GenerationRequest]:
     """Four different first turns (different audio, text and lengths)."""
     return [request(context=[UserAudio(speech(0.6 + 0.3 * i, seed=seed + i)), UserText(f"Turn {i}")],
@@ -695,14 +703,10 @@ async def test_concurrent_replies_batched_equal_each_reply_alone(greedy, codes_b
     codes and audio as when it runs alone."""
     requests = turns(seed=20)
     alone = await each_alone(greedy, requests, "alone", codes_by_request)
-    tagged(requests, "batched")
     greedy.core.stats = LoopStats()
-    results = await asyncio.gather(*(collect(greedy, req) for req in requests))
+    await assert_together_as_alone(greedy, requests, "batched", alone, codes_by_request)
     assert greedy.core.stats.largest_batch >= 3  # they really ran as one batch
-    for i, deltas in enumerate(results):
-        assert isinstance(deltas[-1], Finished)
-        assert_same_reply(outcome(deltas, codes_by_request[f"batched-{i}"]), alone[i])
-        assert len(codes_by_request[f"batched-{i}"]) > 24
+    assert all(len(codes_by_request[f"batched-{i}"]) > 24 for i in range(len(requests)))
 
 
 @asyncio_module
@@ -740,11 +744,7 @@ async def test_decoding_goes_on_while_audio_is_in_flight(greedy, codes_by_reques
     alone = await each_alone(greedy, requests, "on-time", codes_by_request)
     monkeypatch.setattr(greedy.runner.token2wav, "vocode", lambda mels: HeldBack(vocode(mels)))
     monkeypatch.setattr(core, "_launch_token2wav", launch_alone)
-    tagged(requests, "held-back")
-    results = await asyncio.gather(*(collect(greedy, req) for req in requests))
-    for i, deltas in enumerate(results):
-        assert isinstance(deltas[-1], Finished)
-        assert_same_reply(outcome(deltas, codes_by_request[f"held-back-{i}"]), alone[i])
+    await assert_together_as_alone(greedy, requests, "held-back", alone, codes_by_request)
     assert steps_in_flight and max(steps_in_flight) >= 2  # decode steps ran while audio was out
 
 
@@ -781,11 +781,7 @@ async def test_a_talker_step_reads_only_thinker_states_of_earlier_steps(greedy, 
     monkeypatch.setattr(core, "step", counted_step)
     monkeypatch.setattr(Reply, "token_fed", noted_token_fed)
     monkeypatch.setattr(runner, "talker_step", checked_talker_step)
-    tagged(requests, "checked")
-    results = await asyncio.gather(*(collect(greedy, req) for req in requests))
-    for i, deltas in enumerate(results):
-        assert isinstance(deltas[-1], Finished)
-        assert_same_reply(outcome(deltas, codes_by_request[f"checked-{i}"]), alone[i])
+    await assert_together_as_alone(greedy, requests, "checked", alone, codes_by_request)
     assert len(reads) > 10 and min(reads) >= 1  # every state read was made a step or more before
 
 

@@ -5,16 +5,7 @@ through `mel_to_wave` with the kernel against the model's own forward."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-import pytest
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.support.triton_interpreter import needs_triton, run_interpreted
 
 CHECK = """
 import json, torch
@@ -61,13 +52,9 @@ print(json.dumps(results))
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@needs_triton
 def test_the_fused_activation_and_vocoder_equal_the_modules():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", CHECK], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout.strip().splitlines()[-1])
+    results = run_interpreted(CHECK)
     for length, same_shape, error, scale in results["activation"]:
         assert same_shape, length
         assert scale > 1.0 and error < 1e-5 * scale, (length, error, scale)
