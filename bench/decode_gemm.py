@@ -49,8 +49,10 @@ THINKER = [(3584, 3584), (3584, 512), (3584, 512), (3584, 3584), (3584, 18944), 
 TALKER = [(896, 1536), (896, 512), (896, 512), (1536, 896), (896, 18944), (896, 18944), (18944, 896)]
 MODELS = {"thinker": (THINKER, 28), "talker": (TALKER, 24)}
 BATCHES = (1, 8, 32)
-# the int8 kernel's launch configurations tried: (block_n, block_k, warps, stages)
-INT8_CONFIGS = [(32, 128, 4, 4), (64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 8, 3), (32, 256, 4, 4)]
+# the int8 kernel's launch configurations tried: (block_n, block_k, warps, stages, split_k);
+# split_k None: the kernel's own choice (about twice the SMs in programs), 1: K never split
+INT8_CONFIGS = [(64, 128, 4, 4, None), (32, 128, 4, 4, None), (64, 256, 4, 3, None),
+                (128, 128, 8, 3, None), (32, 256, 4, 4, None), (64, 128, 4, 4, 1), (32, 128, 4, 4, 1)]
 
 
 def main() -> None:
@@ -108,8 +110,9 @@ def measure(model: str, shapes: list[tuple[int, int]], layers: int, device: torc
     int8 = [quantize(w) for w in (qkv, weights[3], gate_up, weights[6])]
 
     def layer_int8(x, config):
-        block_n, block_k, warps, stages = config
-        return [int8_linear(x[i], w, block_n=block_n, block_k=block_k, num_warps=warps, num_stages=stages)
+        block_n, block_k, warps, stages, split = config
+        return [int8_linear(x[i], w, block_n=block_n, block_k=block_k, num_warps=warps, num_stages=stages,
+                            split_k=split)
                 for i, w in zip((0, 3, 4, 6), int8)]
 
     kinds = {"bf16": (layer_bf16, bytes_bf16), "bf16 fused": (layer_bf16_fused, bytes_bf16),

@@ -8,10 +8,11 @@ and widens them to the activations' dtype in registers, so nothing wider than in
 memory. torch 2.11's own low-precision paths do not do this at so few rows: its FP8 kernels
 reach 0.2-1.2 TB/s there (decode_gemm.py's fp8 rows).
 
-Each program computes a block of output channels for a block of rows, walking K in steps of
-BLOCK_K with a float32 accumulator, then multiplies by the channels' scales. The rows are
-padded to 16 inside the kernel (the smallest `tl.dot`); padding rows are masked, never read
-or written.
+Each program computes a block of output channels for a block of rows, walking its stretch of K
+in steps of BLOCK_K with a float32 accumulator, then multiplies by the channels' scales. The
+rows are padded to 16 inside the kernel (the smallest `tl.dot`); padding rows are masked, never
+read or written. Where there are too few blocks of channels to keep every SM reading, K is
+split between programs and their float32 partial products are summed (`split_k`).
 
 `quantize_thinker` gives a thinker's joined layers (joined_layers.py) int8 copies of their
 four products' weights; `joined_decoder_layer` then runs them through this kernel wherever a
@@ -103,10 +104,15 @@ def _(x: torch.Tensor, values: torch.Tensor, scale: torch.Tensor) -> torch.Tenso
 
 
 def int8_linear(x: torch.Tensor, weight: Int8Weight, block_n: int = 64, block_k: int = 128,
-                num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
+                num_warps: int = 4, num_stages: int = 4, split_k: int | None = None) -> torch.Tensor:
     """x (..., K) times the weight (N, K) transposed: (..., N) in x's dtype, accumulated in
     float32. The block sizes and warps are the kernel's launch configuration (bench/decode_gemm.py
-    tries several)."""
+    tries several).
+
+    `split_k` programs share each block of channels, each reading its own stretch of K and
+    writing a float32 partial product, summed afterwards. A product with few channels and a long
+    K (a 7B thinker's o and down: 3584 channels) otherwise has too few blocks of channels to keep
+    every SM reading. None: as many as bring the programs to about twice the SMs."""
     if not HAVE_TRITON:
         raise RuntimeError("int8_linear needs Triton")
     n, k = weight.shape
@@ -116,29 +122,47 @@ def int8_linear(x: torch.Tensor, weight: Int8Weight, block_n: int = 64, block_k:
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     m = rows.shape[0]
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
-    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m))
-    _int8_weight_kernel[grid](rows, weight.values, weight.scale, out, m, n, k,
-                              rows.stride(0), weight.values.stride(0), out.stride(0),
-                              BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                              num_warps=num_warps, num_stages=num_stages)
+    grid_n, grid_m = triton.cdiv(n, block_n), triton.cdiv(m, block_m)
+    if split_k is None:
+        split_k = _default_split(grid_n * grid_m, triton.cdiv(k, block_k), x.device)
+    # every split but the last reads a whole number of K blocks
+    k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+    split_k = triton.cdiv(k, k_per_split)
+    out = torch.empty((split_k, m, n), dtype=x.dtype if split_k == 1 else torch.float32,
+                      device=x.device)
+    _int8_weight_kernel[(grid_n, grid_m, split_k)](
+        rows, weight.values, weight.scale, out, m, n, k, k_per_split,
+        rows.stride(0), weight.values.stride(0), out.stride(1), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=num_warps, num_stages=num_stages)
+    out = out[0] if split_k == 1 else out.sum(0).to(x.dtype)
     return out.reshape(*x.shape[:-1], n)
+
+
+def _default_split(programs: int, k_blocks: int, device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    # each split keeps at least 4 K blocks, so the partial sums stay a small part of the reads
+    return max(1, min(triton.cdiv(2 * sms, programs), k_blocks // 4))
 
 
 if HAVE_TRITON:
     @triton.jit
-    def _int8_weight_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K,
-                            stride_xm, stride_wn, stride_ym,
+    def _int8_weight_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, K_PER_SPLIT,
+                            stride_xm, stride_wn, stride_ym, stride_ysplit,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         channels = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        split = tl.program_id(2)
         row_ok = rows < M
         channel_ok = channels < N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for start in range(0, K, BLOCK_K):
+        k_end = tl.minimum(K, (split + 1) * K_PER_SPLIT)
+        for start in range(split * K_PER_SPLIT, k_end, BLOCK_K):
             ks = start + tl.arange(0, BLOCK_K)
-            k_ok = ks < K
+            k_ok = ks < k_end
             x = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :],
                         mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_ptr + channels[:, None] * stride_wn + ks[None, :],
@@ -146,5 +170,5 @@ if HAVE_TRITON:
             acc += tl.dot(x, tl.trans(w.to(x.dtype)))
         scale = tl.load(scale_ptr + channels, mask=channel_ok, other=0.0)
         y = acc * scale[None, :]
-        tl.store(y_ptr + rows[:, None] * stride_ym + channels[None, :], y.to(y_ptr.dtype.element_ty),
-                 mask=row_ok[:, None] & channel_ok[None, :])
+        tl.store(y_ptr + split * stride_ysplit + rows[:, None] * stride_ym + channels[None, :],
+                 y.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & channel_ok[None, :])

@@ -23,12 +23,13 @@ import json, torch
 from inference.engine.reference.int8_matmul import dequantize, int8_linear, quantize
 torch.manual_seed(0)
 results = []
-for rows, channels, k, dtype in [(1, 70, 200, torch.float32), (5, 64, 128, torch.float32),
-                                 (17, 130, 300, torch.float32), (33, 40, 64, torch.float32),
-                                 (3, 96, 256, torch.float16)]:
+# K split between programs: 1 (none), 3 (the last split shorter: 300 = 128 + 128 + 44) and 4
+for rows, channels, k, dtype, split in [(1, 70, 200, torch.float32, 1), (5, 64, 128, torch.float32, 1),
+                                        (17, 130, 300, torch.float32, 3), (33, 40, 512, torch.float32, 4),
+                                        (3, 96, 256, torch.float16, 2)]:
     q = quantize(torch.randn(channels, k) * 0.02)
     x = torch.randn(2, rows, k).to(dtype)  # a leading batch dimension, as (B, 1, H) rows come
-    y = int8_linear(x, q, block_n=32, block_k=64)
+    y = int8_linear(x, q, block_n=32, block_k=64, split_k=split)
     reference = x.float() @ dequantize(q).T
     results.append([list(y.shape), list(reference.shape), str(y.dtype).split(".")[1],
                     ((y.float() - reference).norm() / reference.norm()).item()])
