@@ -52,7 +52,8 @@ BATCHES = (1, 8, 32)
 # the int8 kernel's launch configurations tried: (block_n, block_k, warps, stages, split_k);
 # split_k None: the kernel's own choice (about twice the SMs in programs), 1: K never split
 INT8_CONFIGS = [(64, 128, 4, 4, None), (32, 128, 4, 4, None), (64, 256, 4, 3, None),
-                (128, 128, 8, 3, None), (32, 256, 4, 4, None), (64, 128, 4, 4, 1), (32, 128, 4, 4, 1)]
+                (128, 128, 8, 3, None), (32, 256, 4, 4, None), (64, 128, 4, 4, 1), (32, 128, 4, 4, 1),
+                (64, 256, 8, 3, None), (64, 128, 8, 4, None), (32, 256, 4, 3, None), (64, 64, 4, 6, None)]
 
 
 def main() -> None:

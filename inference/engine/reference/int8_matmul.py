@@ -65,6 +65,9 @@ def dequantize(weight: Int8Weight, dtype: torch.dtype = torch.float32) -> torch.
 
 
 DECODE_ROWS = 64  # forwards with at most this many rows use the int8 weights
+# the launch configuration (block_n, block_k, warps, stages) up to a number of rows: the fastest
+# at 1, 8 and 32 rows of a 7B thinker layer's products (bench/decode_gemm.py, H200, 2026-12-04)
+LAUNCH_BY_ROWS = ((16, (64, 128, 4, 4)), (DECODE_ROWS, (64, 256, 4, 3)))
 
 
 @torch.no_grad()
@@ -92,10 +95,15 @@ def product(x: torch.Tensor, owner, name: str, weight: torch.Tensor,
     return out if bias is None else out + bias
 
 
+def launch_config(rows: int) -> tuple[int, int, int, int]:
+    return next(config for most, config in LAUNCH_BY_ROWS if rows <= most)
+
+
 @torch.library.custom_op("omni::int8_linear", mutates_args=())
 def _int8_linear_op(x: torch.Tensor, values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """`int8_linear` as an operator torch.compile keeps whole (it cannot see into the launch)."""
-    return int8_linear(x, Int8Weight(values, scale))
+    block_n, block_k, warps, stages = launch_config(x.numel() // x.shape[-1])
+    return int8_linear(x, Int8Weight(values, scale), block_n, block_k, warps, stages)
 
 
 @_int8_linear_op.register_fake
