@@ -114,8 +114,8 @@ VARIANTS = {
     "steps5": dict(ode_steps=5, first_ode_steps=5),
     "dit-fp32": dict(token2wav_dtype="float32"),   # transformers' token2wav dtype
     "dit-bf16": dict(token2wav_dtype="bfloat16"),
-    "talker-stream": dict(talker_stream=True),  # the talker's step beside the thinker's
-    "int8-weights": dict(int8_weights=True),     # the thinker's decode products in int8
+    "talker-after": dict(talker_stream=False),  # the talker's step after the thinker's, one stream
+    "bf16-weights": dict(int8_weights=False),   # the thinker's decode products in bfloat16
 }
 
 # Finished.timings entries on the path to the first audio, printed per level (medians)
