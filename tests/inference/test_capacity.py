@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 
 import pytest
 
@@ -14,19 +15,54 @@ from inference.capacity import CPU, MEASURED, OTHER_ENGINE, UNKNOWN_GPU, Capacit
 from inference.config import Limits, WorkerSettings
 from tests.conftest import REPO
 
+sys.path.insert(0, str(REPO / "bench"))
+from steady_mix import STEADY_FIRST_AUDIO_S, STEADY_GAPPED  # noqa: E402  (bench/: the steady rule)
+
+
+# a steady level's row as bench/reference_gpu.py prints it: calls, replies, no audio, first
+# audio p50 and p95, the share of replies gapped
+LEVEL_ROW = re.compile(r"^\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)s\s+([\d.]+)s\s+(\d+)%", re.MULTILINE)
+
+
+def carried_calls(log: str) -> int:
+    """The calls a run's steady levels carried, by the benchmark's rule (bench/steady_mix.py)
+    applied to its printed rows: ascending, up to the first level with a reply without audio,
+    first audio p95 above the limit or too many replies gapped. A level cut short prints no
+    row, so it counts neither way."""
+    calls = 0
+    for level in sorted(LEVEL_ROW.findall(log), key=lambda row: int(row[0])):
+        if int(level[2]) or float(level[4]) > STEADY_FIRST_AUDIO_S or int(level[5]) > STEADY_GAPPED * 100:
+            break
+        calls = int(level[0])
+    return calls
+
 
 def test_measured_rows_name_committed_runs():
     for (gpu, family), row in MEASURED.items():
         runs = re.findall(r"bench/results/\S+\.log", row.source)
         assert runs and all((REPO / run).is_file() for run in runs), row
-        # the run says it carried that many steady calls
+        # the run's levels carried that many steady calls, and its summary (if it got that
+        # far) says so
         text = (REPO / runs[0]).read_text()
-        assert f"calls per GPU (steady, gap-free): {row.calls}" in text, row
+        assert carried_calls(text) == row.calls, row
+        summary = re.search(r"calls per GPU \(steady, gap-free\): (\d+)", text)
+        assert summary is None or int(summary[1]) == row.calls, row
         assert gpu in text
 
 
+def test_the_levels_rule_reads_the_printed_rows():
+    header = " calls  replies  no audio  first p50  first p95  gapped  silence p50  talking  audio/s\n"
+    rows = ["    16       40         0     0.30s     0.40s      0%        0.00s      50%     7.0",
+            "    24       60         0     0.35s     0.55s      5%        0.12s      50%     9.0",
+            "    32       80         0     0.40s     0.50s      8%        0.12s      50%    12.0",
+            "    40      100         0     0.45s     0.58s      2%        0.12s      50%    14.0"]
+    assert carried_calls(header + "\n".join(rows)) == 24  # 40 does not count above 32
+    assert carried_calls(header + rows[0].replace("0.40s", "0.61s")) == 0
+    assert carried_calls(header + rows[0].replace("40         0", "40         1")) == 0
+
+
 def test_the_gpu_and_family_pick_the_row():
-    assert capacity_for("reference", "cuda", "NVIDIA H200", "qwen2.5-omni").calls == 16
+    assert capacity_for("reference", "cuda", "NVIDIA H200", "qwen2.5-omni").calls == 20
     assert capacity_for("reference", "cuda:1", "NVIDIA H200", "qwen3-omni").calls == 24
     assert capacity_for("reference", "cuda", "NVIDIA H200 NVL", "qwen2.5-omni") is UNKNOWN_GPU
     assert capacity_for("reference", "cuda", "NVIDIA L4", "qwen3-omni") is UNKNOWN_GPU
