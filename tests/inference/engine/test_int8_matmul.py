@@ -158,3 +158,19 @@ def test_the_engine_answers_with_int8_thinker_weights(tmp_path):
 def test_int8_weights_are_refused_for_qwen3_omni():
     with pytest.raises(ValueError, match="Qwen2.5-Omni"):
         create_engine("reference", "tiny-random-qwen3-omni", int8_weights=True)
+
+
+@needs_triton
+def test_int8_weights_and_the_talker_stream_are_the_default_only_for_qwen2_5_on_cuda():
+    """Measured on an H200 for Qwen2.5-Omni (docs/reference-engine.md); Qwen3-Omni's are not,
+    and a CPU has no stream and runs the bfloat16 weights faster. The engine only records its
+    options here: nothing touches a GPU before `start`."""
+    on_cuda = create_engine("reference", "tiny-random", device="cuda")
+    assert on_cuda.int8_weights and on_cuda.talker_stream
+    qwen3 = create_engine("reference", "tiny-random-qwen3-omni", device="cuda")
+    assert not qwen3.int8_weights and not qwen3.talker_stream
+    on_cpu = create_engine("reference", "tiny-random", device="cpu")
+    assert not on_cpu.int8_weights and not on_cpu.talker_stream
+    chosen = create_engine("reference", "tiny-random", device="cuda", int8_weights=False,
+                           talker_stream=False)
+    assert not chosen.int8_weights and not chosen.talker_stream
