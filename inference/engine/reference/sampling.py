@@ -92,8 +92,8 @@ class TokenSampler:
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
     def draw_noise(self, out: torch.Tensor, generator: torch.Generator | None = None) -> None:
-        """Fill `out` (1, vocab) with the exponential draws `sample_on_device` needs, from
-        `generator` (default: the sampler's own)."""
+        """Fill `out` (rows, vocab) with the exponential draws `sample_on_device` needs, a row a
+        step, from `generator` (default: the sampler's own)."""
         out.exponential_(1, generator=generator or self.generator)
 
     def sample_on_device(self, logits: torch.Tensor, history: torch.Tensor | None,
@@ -108,3 +108,37 @@ class TokenSampler:
         if not self.params.do_sample:
             return scores.argmax(dim=-1, keepdim=True)
         return (torch.softmax(scores, dim=-1) / noise).argmax(dim=-1, keepdim=True)
+
+
+class NoiseBank:
+    """Each KV slot's sampling noise for its next `steps` decode steps, drawn at once from its
+    reply's generator, so a batched step gathers every row's noise in one op. Drawn a row a
+    step, a batch of B replies launched B draws every step (on an H200 at 32 calls a decode
+    step's launch is 3-4 ms of host time, and these were its largest share of eager ops). A
+    reply's draws still come from its own generator in its own order, so it samples the same
+    codes alone or in any batch; `restart` when a reply takes the slot, so it never reads
+    what the previous one left."""
+
+    def __init__(self, sampler: TokenSampler, slots: int, steps: int, width: int,
+                 device: torch.device) -> None:
+        self.sampler = sampler
+        self.steps = steps
+        self.rows = torch.ones((slots * steps, width), dtype=torch.float32, device=device)
+        self.used = [steps] * slots  # rows each slot has taken since its last draw
+
+    def restart(self, slot: int) -> None:
+        self.used[slot] = self.steps
+
+    def take(self, out: torch.Tensor, slots: list[int], generators: list) -> None:
+        """Row i of `out` gets slot `slots[i]`'s next noise row; a slot with none left first
+        draws its next `steps` rows from `generators[i]`."""
+        index = []
+        for slot, generator in zip(slots, generators):
+            start = slot * self.steps
+            if self.used[slot] == self.steps:
+                self.sampler.draw_noise(self.rows[start:start + self.steps], generator)
+                self.used[slot] = 0
+            index.append(start + self.used[slot])
+            self.used[slot] += 1
+        rows = torch.tensor(index).to(self.rows.device, non_blocking=True)
+        torch.index_select(self.rows, 0, rows, out=out[:len(index)])

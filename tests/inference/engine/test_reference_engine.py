@@ -29,7 +29,8 @@ from inference.engine.reference.engine import size_kv
 from inference.engine.reference.detokenize import IncrementalDecoder
 from inference.engine.reference.prompt import audio_features, build_messages, build_prompt
 from inference.engine.reference.reply import Reply
-from inference.engine.reference.sampling import TALKER_SAMPLING, TokenSampler
+from inference.engine.reference.runner import NOISE_STEPS
+from inference.engine.reference.sampling import TALKER_SAMPLING, NoiseBank, TokenSampler
 from inference.engine.reference.tiny import build_tiny_model, ensure_tiny_model
 from inference.engine.reference.token2wav_runner import Token2WavRunner
 from inference.engine.reference.token2wav_stream import ChunkPlan, StreamingToken2Wav, Token2WavShape
@@ -514,6 +515,27 @@ def test_sampling_on_the_device_draws_what_multinomial_draws():
         assert int(on_device.sample_on_device(logits, history, noise)) == eager(logits, history)
 
 
+def test_a_noise_bank_gives_each_slot_its_generators_draws_in_order():
+    """Each slot's rows are its own generator's exponential draws, `steps` at a time, in order,
+    whichever other slots share the batch; after `restart` the slot draws afresh."""
+    sampler = TokenSampler(TALKER_SAMPLING, torch.device("cpu"))
+    bank = NoiseBank(sampler, slots=3, steps=4, width=5, device=torch.device("cpu"))
+    generators = {slot: torch.Generator().manual_seed(slot) for slot in (0, 2)}
+    taken = {0: [], 2: []}
+    out = torch.zeros(3, 5)
+    for step in range(6):  # slot 2 runs every step, slot 0 every other step
+        slots = [2, 0] if step % 2 else [2]
+        bank.take(out, slots, [generators[s] for s in slots])
+        for row, slot in enumerate(slots):
+            taken[slot].append(out[row].clone())
+    for slot, rows in taken.items():
+        expected = torch.empty(8, 5).exponential_(1, generator=torch.Generator().manual_seed(slot))
+        assert torch.equal(torch.stack(rows), expected[:len(rows)])
+    bank.restart(2)  # a new reply in slot 2, whose generator starts where a fresh one would
+    bank.take(out, [2], [torch.Generator().manual_seed(9)])
+    assert torch.equal(out[0], torch.empty(4, 5).exponential_(1, generator=torch.Generator().manual_seed(9))[0])
+
+
 def test_batched_padded_dit_windows_equal_each_window_alone(engine):
     """Windows of several replies (different lengths and speakers) solved as one padded batch
     give each window's mel as solved alone and unpadded: padding and other rows are walled off."""
@@ -694,6 +716,18 @@ def turns(seed: int) -> list[GenerationRequest]:
     """Four different first turns (different audio, text and lengths)."""
     return [request(context=[UserAudio(speech(0.6 + 0.3 * i, seed=seed + i)), UserText(f"Turn {i}")],
                     max_output_tokens=12 + 4 * i) for i in range(4)]
+
+
+@asyncio_module
+async def test_sampled_replies_batched_equal_each_reply_alone(engine, codes_by_request):
+    """With the talker sampling, its noise drawn a slot's 16 steps at a time (NoiseBank), a
+    reply samples the same codes among others as alone; alone, the replies take the same slot
+    one after another, so each must draw afresh, not read what the one before left."""
+    assert engine.runner.talker_sampler.params.do_sample
+    requests = turns(seed=30)[:3]
+    alone = await each_alone(engine, requests, "sampled-alone", codes_by_request)
+    await assert_together_as_alone(engine, requests, "sampled-batched", alone, codes_by_request)
+    assert all(len(codes_by_request[f"sampled-batched-{i}"]) > NOISE_STEPS for i in range(3))
 
 
 @asyncio_module
