@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
 import torch
 
 from .joined_layers import is_joined, joined_decoder_layer
@@ -69,6 +70,17 @@ class KVPool:
         return next(size for size in self.windows if size >= length)
 
 
+NUMPY_DTYPES = {torch.int64: np.int64, torch.bool: np.bool_}
+
+
+def copy_from_host(target: torch.Tensor, values) -> None:
+    """`values` (a list or array with target's elements, in order) into `target` as one copy.
+    Made as a numpy array, it costs the step one dispatched op, where torch.tensor costs three;
+    a loop step copies several such inputs (bench/loop_ops.py)."""
+    array = np.asarray(values, dtype=NUMPY_DTYPES[target.dtype]).reshape(target.shape)
+    target.copy_(torch.from_numpy(array), non_blocking=True)
+
+
 class BatchView:
     """The part of a pool one forward sees: B rows, n new tokens each. Its tensors are static
     (a CUDA graph captured with this view reads them at replay time): set them with `point`."""
@@ -85,9 +97,9 @@ class BatchView:
         rows past len(rows) are padding (the scratch row, position 0)."""
         batch, queries = self.write_pos.shape
         padding = batch - len(rows)
-        self.rows.copy_(torch.tensor(rows + [self.pool.scratch] * padding), non_blocking=True)
-        first = torch.tensor(starts + [0] * padding)[:, None]
-        self.write_pos.copy_(first + torch.arange(queries)[None, :], non_blocking=True)
+        copy_from_host(self.rows, rows + [self.pool.scratch] * padding)
+        first = np.array(starts + [0] * padding)[:, None]
+        copy_from_host(self.write_pos, first + np.arange(queries)[None, :])
 
     def mask(self) -> torch.Tensor:
         """(B, 1, n, window): each query sees its row's slots up to its own position."""

@@ -34,7 +34,7 @@ from .compiled import compile_step, talker_layer, thinker_layer
 from .cuda_graphs import batch_buckets, bucket_for, capture_each
 from .int8_matmul import quantize_thinker
 from .joined_layers import join_projections
-from .kv_pool import BatchView, KVPool, forward
+from .kv_pool import BatchView, KVPool, copy_from_host, forward
 from .prompt import Clip, Prompt, audio_features
 from .sampling import NoiseBank, SamplingParams, TokenSampler
 from .talker import suppressed_codes
@@ -389,9 +389,8 @@ class _ThinkerDecode:
         batch = bucket_for(count, self.runner.buckets)
         token_buffer, positions, view = self.inputs[batch]
         pad = batch - count
-        token_buffer.copy_(torch.tensor(tokens + [0] * pad)[:, None], non_blocking=True)
-        rope = torch.tensor([length + delta for length, delta in zip(lengths, rope_deltas)] + [0] * pad)
-        positions.copy_(rope.view(1, batch, 1).expand(3, batch, 1), non_blocking=True)
+        copy_from_host(token_buffer, tokens + [0] * pad)
+        copy_from_host(positions, rope_positions(lengths, rope_deltas, pad) * 3)
         view.point(list(slots), list(lengths))
         graph = self.graphs.get((batch,))
         state, logits, argmax = graph.replay() if graph is not None else self._run(batch)
@@ -405,6 +404,12 @@ class _ThinkerDecode:
         logits = thinker.lm_head(hidden[:, -1])
         # what the talker reads of each fed token: its final hidden state + its embedding
         return hidden + embeds, logits, logits.argmax(dim=-1)
+
+
+def rope_positions(lengths: list[int], rope_deltas: list[int], pad: int) -> list[int]:
+    """A decode step's rope position per row (its KV length + its prompt's rope delta), then
+    `pad` zeros: one of the three rope sections (all three are the same for generated tokens)."""
+    return [length + delta for length, delta in zip(lengths, rope_deltas)] + [0] * pad
 
 
 @dataclass
@@ -448,14 +453,13 @@ class _TalkerDecode:
         batch = bucket_for(count, self.runner.buckets)
         buffers = self.inputs[batch]
         pad = batch - count
-        buffers.codes.copy_(torch.tensor(codes + [0] * pad)[:, None], non_blocking=True)
+        copy_from_host(buffers.codes, codes + [0] * pad)
         torch.cat(inputs, dim=0, out=buffers.reply[:count])
         if buffers.reply.is_cuda:  # made on the loop's stream: not reused before this read
             for element in inputs:
                 element.record_stream(torch.cuda.current_stream())
-        rope = torch.tensor([length + delta for length, delta in zip(lengths, rope_deltas)] + [0] * pad)
-        buffers.positions.copy_(rope.view(1, batch, 1).expand(3, batch, 1), non_blocking=True)
-        buffers.mask_end.copy_(torch.tensor(end_masked + [False] * pad)[:, None], non_blocking=True)
+        copy_from_host(buffers.positions, rope_positions(lengths, rope_deltas, pad) * 3)
+        copy_from_host(buffers.mask_end, end_masked + [False] * pad)
         if self.runner.talker_sampler.params.do_sample:
             self.noise.take(buffers.noise, list(slots), generators)
         buffers.view.point(list(slots), list(lengths))

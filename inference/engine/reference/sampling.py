@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers.generation.logits_process import (
     LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
@@ -140,5 +141,5 @@ class NoiseBank:
                 self.used[slot] = 0
             index.append(start + self.used[slot])
             self.used[slot] += 1
-        rows = torch.tensor(index).to(self.rows.device, non_blocking=True)
+        rows = torch.from_numpy(np.array(index)).to(self.rows.device, non_blocking=True)
         torch.index_select(self.rows, 0, rows, out=out[:len(index)])
