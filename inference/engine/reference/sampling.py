@@ -114,8 +114,9 @@ class TokenSampler:
 class NoiseBank:
     """Each KV slot's sampling noise for its next `steps` decode steps, drawn at once from its
     reply's generator, so a batched step gathers every row's noise in one op. Drawn a row a
-    step, a batch of B replies launched B draws every step (on an H200 at 32 calls a decode
-    step's launch is 3-4 ms of host time, and these were its largest share of eager ops). A
+    step instead, a batch of B replies launches B draws every step: at 32 replies they were the
+    largest share of a step's eager ops (bench/loop_ops.py), and on an H200 launching a decode
+    step is 3-4 ms of host time at 32 calls, on the step's critical path. A
     reply's draws still come from its own generator in its own order, so it samples the same
     codes alone or in any batch; `restart` when a reply takes the slot, so it never reads
     what the previous one left."""
@@ -128,6 +129,7 @@ class NoiseBank:
         self.used = [steps] * slots  # rows each slot has taken since its last draw
 
     def restart(self, slot: int) -> None:
+        """A new reply in `slot`: its first step draws afresh from its own generator."""
         self.used[slot] = self.steps
 
     def take(self, out: torch.Tensor, slots: list[int], generators: list) -> None:
