@@ -15,6 +15,7 @@ import torch
 from inference.engine import create_engine
 from inference.engine.base import AudioDelta, Finished, GenerationRequest, TextDelta, UserAudio, UserText
 from inference.engine.reference.models import family_for
+from inference.engine.reference.runner import NOISE_STEPS
 from inference.engine.reference.models.qwen3_omni.family import audio_tokens, user_positions
 from inference.engine.reference.models.qwen3_omni.tiny import ensure_tiny_model
 from inference.engine.reference.prompt import audio_features, build_prompt
@@ -176,6 +177,29 @@ async def test_second_turn_from_the_prefix_cache_equals_a_fresh_one(greedy, fram
     assert [d.text for d in cached if isinstance(d, TextDelta)] == [d.text for d in fresh if isinstance(d, TextDelta)]
     assert frames_by_request["t2"] == frames_by_request["t3"]
     assert history  # the first turn's context is unchanged by the second
+
+
+@pytest.mark.asyncio
+async def test_sampled_replies_in_one_batch_equal_replies_alone(frames_by_request):
+    """With the talker and code predictor sampling, their noise drawn a slot's 16 frame steps
+    at a time (NoiseBank), a reply samples the same frames in a batch as alone; alone, the
+    replies take the same slot one after another and each must draw afresh."""
+    import asyncio
+
+    engine = create_engine("reference", MODEL, seed=5, max_new_tokens=12, min_audio_seconds=1.5,
+                           max_audio_seconds=2.5, warmup=False, kv_slots=4, prefill_chunk_tokens=16)
+    await engine.start()
+    try:
+        assert engine.runner.talker_sampler.params.do_sample
+        for s in range(3):
+            await collect(engine, request(context=[UserAudio(speech(0.8, seed=s))], request_id=f"sa{s}"))
+        await asyncio.gather(*[collect(engine, request(context=[UserAudio(speech(0.8, seed=s))],
+                                                       request_id=f"sb{s}")) for s in range(3)])
+    finally:
+        await engine.close()
+    for s in range(3):
+        assert len(frames_by_request[f"sa{s}"]) > NOISE_STEPS
+        assert frames_by_request[f"sa{s}"] == frames_by_request[f"sb{s}"]
 
 
 @asyncio_module

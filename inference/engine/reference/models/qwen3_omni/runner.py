@@ -35,10 +35,11 @@ import torch
 
 from ...compiled import compile_step, predictor_layer, talker_layer
 from ...cuda_graphs import CapturedStep, batch_buckets, bucket_for, capture_each
-from ...kv_pool import BatchView, KVPool, forward
+from ...kv_pool import BatchView, KVPool, copy_from_host, forward
 from ...prompt import Clip, audio_features
-from ...runner import PREFILL_BUCKETS, AudioEncoderCache, DeviceRunner, ThinkerStep, _ChunkForward, _ThinkerDecode
-from ...sampling import SamplingParams, TokenSampler
+from ...runner import (NOISE_STEPS, PREFILL_BUCKETS, AudioEncoderCache, DeviceRunner, ThinkerStep,
+                       _ChunkForward, _ThinkerDecode, rope_positions)
+from ...sampling import NoiseBank, SamplingParams, TokenSampler
 from .code2wav_runner import Code2WavRunner
 from .code2wav_stream import Code2WavPlan
 
@@ -233,6 +234,10 @@ class _FrameDecode:
                 predictor_noise=torch.ones((batch, self.groups - 1, predictor_vocab),
                                            dtype=torch.float32, device=device),
                 mask_end=torch.zeros((batch, 1), dtype=torch.bool, device=device))
+        # the frame steps' sampling draws, a slot's NOISE_STEPS at a time (sampling.NoiseBank)
+        self.noise = NoiseBank(runner.talker_sampler, runner.slots, NOISE_STEPS, vocab, device)
+        self.predictor_noise = NoiseBank(runner.predictor_sampler, runner.slots, NOISE_STEPS,
+                                         (self.groups - 1) * predictor_vocab, device)
         self.layer_step = compile_step(talker_layer, compile)
         self.predictor_step = compile_step(predictor_layer, compile)
         positions = torch.arange(self.groups, device=device)[None]
@@ -269,17 +274,19 @@ class _FrameDecode:
                 tokens.append(0), kinds.append(EOS)
             else:
                 tokens.append(element.token), kinds.append(TEXT)
-        frames = [r.talker.last_frame for r in replies] + [[0] * self.groups] * pad
-        buffers.last_frame.copy_(torch.tensor(frames), non_blocking=True)
-        buffers.tokens.copy_(torch.tensor(tokens + [0] * pad), non_blocking=True)
-        buffers.kinds.copy_(torch.tensor(kinds + [PAD] * pad), non_blocking=True)
+        frames = [list(r.talker.last_frame) for r in replies] + [[0] * self.groups] * pad
+        copy_from_host(buffers.last_frame, frames)
+        copy_from_host(buffers.tokens, tokens + [0] * pad)
+        copy_from_host(buffers.kinds, kinds + [PAD] * pad)
         lengths = [r.talker.length for r in replies]
-        rope = torch.tensor([length + r.prepared.talker_rope_delta for length, r in zip(lengths, replies)]
-                            + [0] * pad)
-        buffers.positions.copy_(rope.view(1, batch, 1).expand(3, batch, 1), non_blocking=True)
-        buffers.mask_end.copy_(torch.tensor([r.talker.codes < r.talker.min_codes for r in replies]
-                                            + [False] * pad)[:, None], non_blocking=True)
-        self._draw(buffers, replies)
+        copy_from_host(buffers.positions, rope_positions(
+            lengths, [r.prepared.talker_rope_delta for r in replies], pad) * 3)
+        copy_from_host(buffers.mask_end, [r.talker.codes < r.talker.min_codes for r in replies]
+                       + [False] * pad)
+        if runner.talker_sampler.params.do_sample:  # each slot's next steps' draws, gathered
+            slots, generators = [r.slot for r in replies], [r.generator for r in replies]
+            self.noise.take(buffers.noise, slots, generators)
+            self.predictor_noise.take(buffers.predictor_noise.view(batch, -1), slots, generators)
         buffers.view.point([r.slot for r in replies], lengths)
         graph = self.graphs.get((batch,))
         frame = graph.replay() if graph is not None else self._run(batch)
@@ -289,6 +296,8 @@ class _FrameDecode:
         """The first frame (1, G) from the talker start's last state (1, 1, H)."""
         first = self.first
         self._draw(first, [reply])
+        self.noise.restart(reply.slot)  # its frame steps draw afresh from its generator
+        self.predictor_noise.restart(reply.slot)
         first.hidden.copy_(hidden)
         first.rows.fill_(reply.slot)
         first.at.fill_(reply.talker.length - 1)
@@ -304,6 +313,8 @@ class _FrameDecode:
                                   first.noise, first.predictor_noise)
 
     def _draw(self, buffers: "_FrameInputs", replies) -> None:
+        """The first frame's draws, straight from each reply's generator (its frame steps then
+        take theirs from the banks)."""
         runner = self.runner
         if runner.talker_sampler.params.do_sample:
             for row, reply in enumerate(replies):
