@@ -390,7 +390,7 @@ class _ThinkerDecode:
         token_buffer, positions, view = self.inputs[batch]
         pad = batch - count
         copy_from_host(token_buffer, tokens + [0] * pad)
-        copy_from_host(positions, rope_positions(lengths, rope_deltas, pad) * 3)
+        copy_from_host(positions, rope_positions(lengths, rope_deltas, pad))
         view.point(list(slots), list(lengths))
         graph = self.graphs.get((batch,))
         state, logits, argmax = graph.replay() if graph is not None else self._run(batch)
@@ -407,9 +407,10 @@ class _ThinkerDecode:
 
 
 def rope_positions(lengths: list[int], rope_deltas: list[int], pad: int) -> list[int]:
-    """A decode step's rope position per row (its KV length + its prompt's rope delta), then
-    `pad` zeros: one of the three rope sections (all three are the same for generated tokens)."""
-    return [length + delta for length, delta in zip(lengths, rope_deltas)] + [0] * pad
+    """A decode step's (3, B, 1) rope positions, flat: per row its KV length + its prompt's rope
+    delta, then `pad` zeros, once for each of the three rope sections (the same for generated
+    tokens)."""
+    return ([length + delta for length, delta in zip(lengths, rope_deltas)] + [0] * pad) * 3
 
 
 @dataclass
@@ -458,7 +459,7 @@ class _TalkerDecode:
         if buffers.reply.is_cuda:  # made on the loop's stream: not reused before this read
             for element in inputs:
                 element.record_stream(torch.cuda.current_stream())
-        copy_from_host(buffers.positions, rope_positions(lengths, rope_deltas, pad) * 3)
+        copy_from_host(buffers.positions, rope_positions(lengths, rope_deltas, pad))
         copy_from_host(buffers.mask_end, end_masked + [False] * pad)
         if self.runner.talker_sampler.params.do_sample:
             self.noise.take(buffers.noise, list(slots), generators)

@@ -274,13 +274,13 @@ class _FrameDecode:
                 tokens.append(0), kinds.append(EOS)
             else:
                 tokens.append(element.token), kinds.append(TEXT)
-        frames = [list(r.talker.last_frame) for r in replies] + [[0] * self.groups] * pad
+        frames = [r.talker.last_frame for r in replies] + [[0] * self.groups] * pad
         copy_from_host(buffers.last_frame, frames)
         copy_from_host(buffers.tokens, tokens + [0] * pad)
         copy_from_host(buffers.kinds, kinds + [PAD] * pad)
         lengths = [r.talker.length for r in replies]
         copy_from_host(buffers.positions, rope_positions(
-            lengths, [r.prepared.talker_rope_delta for r in replies], pad) * 3)
+            lengths, [r.prepared.talker_rope_delta for r in replies], pad))
         copy_from_host(buffers.mask_end, [r.talker.codes < r.talker.min_codes for r in replies]
                        + [False] * pad)
         if runner.talker_sampler.params.do_sample:  # each slot's next steps' draws, gathered
@@ -295,7 +295,10 @@ class _FrameDecode:
     def first_frame(self, reply, hidden: torch.Tensor) -> torch.Tensor:
         """The first frame (1, G) from the talker start's last state (1, 1, H)."""
         first = self.first
-        self._draw(first, [reply])
+        runner = self.runner
+        if runner.talker_sampler.params.do_sample:  # its own draws, straight from its generator
+            runner.talker_sampler.draw_noise(first.noise, reply.generator)
+            runner.predictor_sampler.draw_noise(first.predictor_noise[0], reply.generator)
         self.noise.restart(reply.slot)  # its frame steps draw afresh from its generator
         self.predictor_noise.restart(reply.slot)
         first.hidden.copy_(hidden)
@@ -311,15 +314,6 @@ class _FrameDecode:
         first = self.first
         return self._sample_frame(first.hidden, first.rows, first.at, first.mask_end,
                                   first.noise, first.predictor_noise)
-
-    def _draw(self, buffers: "_FrameInputs", replies) -> None:
-        """The first frame's draws, straight from each reply's generator (its frame steps then
-        take theirs from the banks)."""
-        runner = self.runner
-        if runner.talker_sampler.params.do_sample:
-            for row, reply in enumerate(replies):
-                runner.talker_sampler.draw_noise(buffers.noise[row:row + 1], reply.generator)
-                runner.predictor_sampler.draw_noise(buffers.predictor_noise[row], reply.generator)
 
     def _run(self, batch: int) -> torch.Tensor:
         runner = self.runner
