@@ -684,11 +684,49 @@ def profile_steps(engine: ReferenceEngine, args) -> None:
         costs["ode"][f"{steps}/{batch}/{frames}"] = timed(solve.step)
     for (frames, batch), vocoder in sorted(runner.token2wav._vocoder_graphs.items()):
         costs["vocoder"][f"{frames}/{batch}"] = timed(vocoder.step)
+    costs["audio encoder"] = audio_encoder_costs(engine, timed)
     print("\n== captured steps (ms, median of 20 replays)", flush=True)
     for name, table in costs.items():
-        print(f"{name:>8}: " + "  ".join(f"{key} {ms:.2f}" for key, ms in table.items()), flush=True)
+        print(f"{name:>8}: " + "  ".join(f"{key} {value:.1e}" if key.startswith("diff") else
+                                         f"{key} {value:.2f}" for key, value in table.items()), flush=True)
     if args.costs_out:
         Path(args.costs_out).write_text(json.dumps(costs, indent=1))
+
+
+class Eager:
+    """An eager call timed like a graph's replay (between CUDA events: the host's launch
+    and the device's work)."""
+
+    def __init__(self, call):
+        self.replay = call
+
+
+def audio_encoder_costs(engine: ReferenceEngine, timed) -> dict:
+    """Qwen2.5-Omni's audio encoder on a 3 s and a 10 s clip (ms): transformers' module run
+    eagerly, and the clip's chunks as one batch from a graph (audio_encoder.py); and `diff`, the
+    largest difference of the two outputs relative to the largest output value."""
+    from inference.engine.reference.prompt import audio_features
+    from inference.engine.reference.runner import encode_audio
+
+    runner = engine.runner
+    dtype = runner.thinker.lm_head.weight.dtype
+    costs = {}
+    for seconds in (3, 10):
+        samples = np.random.default_rng(seconds).normal(0, 0.05, 16_000 * seconds).astype(np.float32)
+        features, mask = audio_features(engine.loaded.processor.feature_extractor, [samples])
+        frames = int(mask.sum())
+
+        def transformers_encoder():
+            return encode_audio(runner.thinker.audio_tower, features, mask, runner.device, dtype)
+
+        def batched():
+            return runner.audio_encoder(features[0], frames)
+
+        costs[f"transformers_{seconds}s"] = timed(Eager(transformers_encoder))
+        costs[f"batched_{seconds}s"] = timed(Eager(batched))
+        expected, got = transformers_encoder().float(), batched().float()
+        costs[f"diff_{seconds}s"] = float((expected - got).abs().max() / expected.abs().max())
+    return costs
 
 
 def profile_qwen3_steps(engine: ReferenceEngine, timed, args) -> None:
@@ -721,15 +759,10 @@ def profile_qwen3_steps(engine: ReferenceEngine, timed, args) -> None:
     for (frames, batch), decoder in sorted(runner.code2wav._graphs.items()):
         costs["code2wav"][f"{frames}/{batch}"] = timed(decoder.step)
 
-    class Eager:  # an eager call timed like a replay
-        def __init__(self, call):
-            self.replay = call
-
     samples = np.random.default_rng(0).normal(0, 0.05, 48_000).astype(np.float32)
     clip = Clip(key=1, samples=samples, frames=300, tokens=39)
     dtype = runner.thinker.lm_head.weight.dtype
-    costs["eager"]["audio_encoder_3s"] = timed(Eager(lambda: runner._encode_clip(
-        clip, engine.loaded.processor.feature_extractor, dtype)))
+    costs["eager"]["audio_encoder_3s"] = timed(Eager(lambda: runner._encode_clip(clip)))
     hidden_size = runner.thinker.config.text_config.hidden_size
     embeds = torch.zeros((1, 64, hidden_size), dtype=dtype, device=runner.device)
     positions = torch.arange(64, device=runner.device).view(1, 1, 64).expand(3, 1, 64)

@@ -281,9 +281,11 @@ class Reply:
 
     # ----------------------------------------------------------------- results from the runner
 
-    def after_prefill(self, end: int, logits: torch.Tensor | None) -> None:
-        """Prompt tokens up to `end` are in the KV slot; `logits` (1, vocab) after the last
-        prompt token once the whole prompt is in."""
+    def after_prefill(self, end: int, logits: torch.Tensor | None = None) -> None:
+        """Prompt tokens up to `end` are in the KV slot. Once the whole prompt is in, the first
+        token is chosen from `logits` (1, vocab), the logits after the last prompt token, or,
+        without them, comes from `take_token` (a reply that `chooses_argmax`: the loop reads
+        it with the step's other ids)."""
         self.prefilled = end
         if self.talker is not None:
             self.talker_prefilled = self.prompt.talker_tokens_before(end)
@@ -292,7 +294,8 @@ class Reply:
         self.clock.mark("prefilled")
         self.timings["prefill_tokens"] = float(self.prompt.length - self.reused)
         self.phase = Phase.DECODING
-        self.take_token(self._choose(logits))
+        if logits is not None:
+            self.take_token(self._choose(logits))
 
     def token_fed(self, state: torch.Tensor) -> None:
         """A thinker step fed the pending token; `state` (1, 1, H) is what the talker reads of

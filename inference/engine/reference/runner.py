@@ -30,11 +30,12 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as omni
 
+from .audio_encoder import ChunkedAudioEncoder
 from .compiled import compile_step, talker_layer, thinker_layer
 from .cuda_graphs import batch_buckets, bucket_for, capture_each
 from .int8_matmul import quantize_thinker
 from .joined_layers import join_projections
-from .kv_pool import BatchView, KVPool, copy_from_host, forward
+from .kv_pool import BatchView, KVPool, copy_from_host, forward, to_device
 from .prompt import Clip, Prompt, audio_features
 from .sampling import NoiseBank, SamplingParams, TokenSampler
 from .talker import suppressed_codes
@@ -169,13 +170,16 @@ class ModelRunner(DeviceRunner):
             ids = torch.tensor([[config.tts_text_end_token_id, config.tts_text_pad_token_id]], device=device)
             pair = embed(ids)
             self.text_eos, self.text_pad = pair[:, :1].clone(), pair[:, 1:].clone()
-            self.codec_pad_embed = self.talker.get_input_embeddings()(
-                torch.tensor([[self.codec_pad, self.codec_bos]], device=device))
+            self.pad_bos_codes = torch.tensor([self.codec_pad, self.codec_bos], device=device)
+            self.codec_pad_embed = self.talker.get_input_embeddings()(self.pad_bos_codes[None])
             # each voice's speaker bos, as the talker's first prompt element reads it
             self.speaker_bos = {name: embed(torch.tensor([[int(speaker["bos_token"])]], device=device)).clone()
                                 for name, speaker in model.speaker_map.items()}
-        self.encoder_cache = AudioEncoderCache(self.thinker, feature_extractor, device, dtype,
-                                               encoder_cache_bytes)
+        self.feature_extractor = feature_extractor
+        tower = self.thinker.audio_tower
+        self.audio_encoder = (ChunkedAudioEncoder(tower, device, dtype, cuda_graphs, self.graph_pool)
+                              if ChunkedAudioEncoder.supports(tower) else None)
+        self.encoder_cache = AudioEncoderCache(self._encode_clip, encoder_cache_bytes)
         self.buckets = batch_buckets(slots)
         self.thinker_decode = _ThinkerDecode(self, cuda_graphs, compile)
         self.talker_decode = _TalkerDecode(self, cuda_graphs, compile)
@@ -227,18 +231,16 @@ class ModelRunner(DeviceRunner):
         inputs = torch.cat([self.speaker_bos[reply.voice], first], dim=1) + self.codec_pad_embed
         history = self.talker_history[reply.slot]
         history.fill_(self.codec_mask)
-        history[length] = self.codec_pad
-        history[length + 1] = self.codec_bos
+        history[length:length + 2].copy_(self.pad_bos_codes)
         hidden = self.talker_chunk(reply.slot, inputs, positions, length)
         logits = self.talker.codec_head(hidden[:, -1])
         noise = torch.ones_like(logits, dtype=torch.float32)
         if self.talker_sampler.params.do_sample:
             self.talker_sampler.draw_noise(noise, reply.generator)
         self.talker_decode.noise.restart(reply.slot)  # the slot's steps draw afresh
-        mask_end = torch.tensor([[talker.codes < talker.min_codes]], device=self.device)
-        rows = torch.tensor([reply.slot], device=self.device)
-        return self.sample_codes(logits, rows, torch.tensor([length + 1], device=self.device),
-                                 mask_end, noise)
+        mask_end = to_device([[talker.codes < talker.min_codes]], self.device, torch.bool)
+        return self.sample_codes(logits, to_device([reply.slot], self.device),
+                                 to_device([length + 1], self.device), mask_end, noise)
 
     def talker_step(self, replies) -> torch.Tensor:
         """One talker step per reply: the codec embedding of its last code + its next reply
@@ -269,18 +271,27 @@ class ModelRunner(DeviceRunner):
 
     # ----------------------------------------------------------------- internals
 
+    def _encode_clip(self, clip: Clip) -> torch.Tensor:
+        """(audio tokens, H) of one clip: its chunks batched (audio_encoder.py), or where that
+        does not apply, transformers' encoder."""
+        features, mask = audio_features(self.feature_extractor, [clip.samples])
+        if self.audio_encoder is not None:
+            return self.audio_encoder(features[0], clip.frames)
+        dtype = self.thinker.lm_head.weight.dtype
+        return encode_audio(self.thinker.audio_tower, features, mask, self.device, dtype)
+
     def _prefill(self, slot: int, prompt: Prompt, start: int, end: int,
                  thinker_positions: torch.Tensor,
                  talker_positions: torch.Tensor | None) -> torch.Tensor | None:
         ids = prompt.input_ids[:, start:end]
-        embeds = self.thinker.get_input_embeddings()(ids.to(self.device))
+        embeds = self.thinker.get_input_embeddings()(to_device(ids, self.device))
         talker_embeds = embeds
         audio_id = self.thinker.config.audio_token_id
         where = (ids[0] == audio_id).nonzero().squeeze(1)
         if where.numel():
             first_row = int((prompt.input_ids[0, :start] == audio_id).sum())
             rows = self.encoder_cache.rows(prompt.clips, first_row, where.numel()).to(embeds.dtype)
-            where = where.to(self.device)
+            where = to_device(where, self.device)
             # = masked_scatter / masked_fill over the audio positions, without their host sync;
             # the talker sees zero embeddings there, as generate() hands them to it
             talker_embeds = embeds.index_fill(1, where, 0.0)
@@ -501,14 +512,8 @@ class AudioEncoderCache:
     Clips of no session (a transcription's, before its reply reads them) stay until the least
     recently used are dropped past `max_bytes`."""
 
-    def __init__(self, thinker, feature_extractor, device: torch.device, dtype: torch.dtype,
-                 max_bytes: int, encode: Callable | None = None) -> None:
-        self.audio_tower = thinker.audio_tower
-        # (clip, feature extractor, dtype) → (audio tokens, H); Qwen2.5-Omni's by default
-        self.encode_clip = encode or self._encode_qwen2_5
-        self.feature_extractor = feature_extractor
-        self.device = device
-        self.dtype = dtype
+    def __init__(self, encode: Callable[[Clip], torch.Tensor], max_bytes: int) -> None:
+        self.encode_clip = encode  # clip → (audio tokens, H) on the device
         self.max_bytes = max_bytes
         self.entries: OrderedDict[int, torch.Tensor] = OrderedDict()
         self.bytes = 0
@@ -531,7 +536,7 @@ class AudioEncoderCache:
         if out is not None:
             self.entries.move_to_end(clip.key)
             return out
-        out = self.encode_clip(clip, self.feature_extractor, self.dtype)
+        out = self.encode_clip(clip)
         if out.shape[0] != clip.tokens:
             raise ValueError(f"the audio encoder gave {out.shape[0]} rows for a clip of "
                              f"{clip.tokens} audio tokens")
@@ -567,10 +572,6 @@ class AudioEncoderCache:
         self.entries.clear()
         self.readers.clear()
         self.bytes = 0
-
-    def _encode_qwen2_5(self, clip: Clip, feature_extractor, dtype: torch.dtype) -> torch.Tensor:
-        features, mask = audio_features(feature_extractor, [clip.samples])
-        return encode_audio(self.audio_tower, features, mask, self.device, dtype)
 
 
 def encode_audio(audio_tower, features: torch.Tensor, feature_mask: torch.Tensor,

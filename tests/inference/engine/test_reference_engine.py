@@ -29,7 +29,7 @@ from inference.engine.reference.engine import size_kv
 from inference.engine.reference.detokenize import IncrementalDecoder
 from inference.engine.reference.prompt import audio_features, build_messages, build_prompt
 from inference.engine.reference.reply import Reply
-from inference.engine.reference.runner import NOISE_STEPS
+from inference.engine.reference.runner import NOISE_STEPS, encode_audio
 from inference.engine.reference.sampling import TALKER_SAMPLING, NoiseBank, TokenSampler
 from inference.engine.reference.tiny import build_tiny_model, ensure_tiny_model
 from inference.engine.reference.token2wav_runner import Token2WavRunner
@@ -383,6 +383,19 @@ def test_prompt_tokens_and_features_equal_the_processors(engine):
         used = mask[index].bool()
         assert int(own_mask.sum()) == clip.frames
         torch.testing.assert_close(features[0][:, :clip.frames], reference["input_features"][index][:, used])
+
+
+@pytest.mark.parametrize("seconds", [0.41, 1.3, 2.0, 4.0, 4.7])
+def test_the_batched_audio_encoder_equals_transformers_encoder(engine, seconds):
+    """A clip's chunks padded to 2 s and run as one batch, their padding masked as keys, give
+    transformers' encoder's rows: one chunk or several, the last one short or full."""
+    runner = engine.runner
+    clip = build_prompt(engine.loaded.processor, request(context=[UserAudio(speech(seconds))])).clips[0]
+    features, mask = audio_features(engine.loaded.processor.feature_extractor, [clip.samples])
+    expected = encode_audio(runner.thinker.audio_tower, features, mask, runner.device, torch.float32)
+    got = runner.audio_encoder(features[0], clip.frames)
+    assert got.shape == expected.shape and got.shape[0] == clip.tokens
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_audio_tokens_get_content_keys(engine):
@@ -854,6 +867,25 @@ async def test_a_starved_token2wav_batch_holds_the_decode_steps(greedy, codes_by
     for i, deltas in enumerate(results):
         assert_same_reply(outcome(deltas, codes_by_request[f"starved-{i}"]), alone[i])
     assert steps_while_out and max(steps_while_out) <= 1
+
+
+@asyncio_module
+async def test_an_argmax_reply_never_chooses_a_token_on_the_host(greedy, monkeypatch):
+    """Where the next token is the logits' argmax, every token, the first after the prompt
+    included, comes with a step's one read of the device: the sampler, which would make the
+    host wait for the device in the middle of a step, is never called."""
+    chosen = []
+    original = TokenSampler.__call__
+
+    def record(self, logits, history=None):
+        chosen.append(self)
+        return original(self, logits, history)
+
+    monkeypatch.setattr(TokenSampler, "__call__", record)
+    deltas = await collect(greedy, dataclasses.replace(request(), request_id="argmax"))
+    assert isinstance(deltas[-1], Finished) and deltas[-1].output_text_tokens > 1
+    assert [d for d in deltas if isinstance(d, TextDelta)]
+    assert chosen == []
 
 
 @asyncio_module

@@ -35,7 +35,7 @@ import torch
 
 from ...compiled import compile_step, predictor_layer, talker_layer
 from ...cuda_graphs import CapturedStep, batch_buckets, bucket_for, capture_each
-from ...kv_pool import BatchView, KVPool, copy_from_host, forward
+from ...kv_pool import BatchView, KVPool, copy_from_host, forward, to_device
 from ...prompt import Clip, audio_features
 from ...runner import (NOISE_STEPS, PREFILL_BUCKETS, AudioEncoderCache, DeviceRunner, ThinkerStep,
                        _ChunkForward, _ThinkerDecode, rope_positions)
@@ -105,9 +105,8 @@ class Qwen3Runner(DeviceRunner):
                             talker_config.codec_think_eos_id]
         self.codec_pad_bos = codec(torch.tensor([[talker_config.codec_pad_id,
                                                   talker_config.codec_bos_id]], device=device))
-        self.encoder_cache = AudioEncoderCache(
-            self.thinker, processor.feature_extractor, device, dtype, encoder_cache_bytes,
-            encode=self._encode_clip)
+        self.feature_extractor = processor.feature_extractor
+        self.encoder_cache = AudioEncoderCache(self._encode_clip, encoder_cache_bytes)
         self.buckets = batch_buckets(slots)
         self.thinker_decode = _ThinkerDecode(self, cuda_graphs, compile)
         buckets = [size for size in PREFILL_BUCKETS if size < prefill_chunk_tokens] + [prefill_chunk_tokens]
@@ -139,21 +138,21 @@ class Qwen3Runner(DeviceRunner):
         talker's prompt tokens that come from them into its talker slot."""
         prompt, prepared = reply.prompt, reply.prepared
         ids = prompt.input_ids[:, start:end]
-        embeds = self.thinker.get_input_embeddings()(ids.to(self.device))
+        embeds = self.thinker.get_input_embeddings()(to_device(ids, self.device))
         audio = ids[0] == self.audio_id
         where = audio.nonzero().squeeze(1)
         if where.numel():
             first_row = int((prompt.input_ids[0, :start] == self.audio_id).sum())
             rows = self.encoder_cache.rows(prompt.clips, first_row, where.numel()).to(embeds.dtype)
-            embeds = embeds.index_copy(1, where.to(self.device), rows[None])
+            embeds = embeds.index_copy(1, to_device(where, self.device), rows[None])
         hidden, kept = self.thinker_chunk(reply.slot, embeds, prepared.thinker_positions[:, :, start:end],
                                           start)
         logits = self.thinker.lm_head(hidden[:, -1]) if end == prompt.length else None
         if reply.talker is not None:
             first, last = prompt.talker_tokens_before(start), prompt.talker_tokens_before(end)
             if last > first:
-                picked = torch.from_numpy(prompt.talker_sources[first:last] - start).to(self.device)
-                is_audio = audio.to(self.device)[picked][None, :, None]
+                picked = to_device(prompt.talker_sources[first:last] - start, self.device)
+                is_audio = to_device(audio, self.device)[picked][None, :, None]
                 inputs = torch.where(is_audio, self.talker.hidden_projection(kept[:, picked]),
                                      self.talker.text_projection(embeds[:, picked]))
                 self._talker_chunk(reply, inputs, first)
@@ -179,11 +178,10 @@ class Qwen3Runner(DeviceRunner):
         prompt, talker = reply.prompt, reply.talker
         first_token = talker.next_element().token
         embed = self.thinker.get_input_embeddings()
-        opening = prompt.input_ids[:, -3:].to(self.device)  # "<|im_start|>assistant\n"
-        text = self.talker.text_projection(embed(torch.cat(
-            [opening, torch.tensor([[first_token]], device=self.device)], dim=1)))
-        codec = self.talker.get_input_embeddings()(torch.tensor(
-            [self.start_codes + [self.speaker_codes[reply.voice.lower()]]], device=self.device))
+        opening = prompt.input_ids[0, -3:].tolist()  # "<|im_start|>assistant\n"
+        text = self.talker.text_projection(embed(to_device([opening + [first_token]], self.device)))
+        codec = self.talker.get_input_embeddings()(to_device(
+            [self.start_codes + [self.speaker_codes[reply.voice.lower()]]], self.device))
         rows = torch.cat([text[:, :3], self.tts_pad.expand(1, 4, -1) + codec,
                           self.tts_bos + self.codec_pad_bos[:, :1],
                           text[:, 3:] + self.codec_pad_bos[:, 1:]], dim=1)
@@ -204,8 +202,9 @@ class Qwen3Runner(DeviceRunner):
 
     # ----------------------------------------------------------------- audio encoder
 
-    def _encode_clip(self, clip: Clip, feature_extractor, dtype) -> torch.Tensor:
-        features, mask = audio_features(feature_extractor, [clip.samples])
+    def _encode_clip(self, clip: Clip) -> torch.Tensor:
+        features, mask = audio_features(self.feature_extractor, [clip.samples])
+        dtype = self.thinker.lm_head.weight.dtype
         out = self.thinker.get_audio_features(features.to(self.device, dtype),
                                               feature_attention_mask=mask.to(self.device))
         return out.last_hidden_state

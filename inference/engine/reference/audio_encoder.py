@@ -1,0 +1,126 @@
+"""Qwen2.5-Omni's audio encoder as one batch of fixed-size chunks, replayed from CUDA graphs.
+
+transformers' encoder (`Qwen2_5OmniAudioEncoder`) cuts a clip's mel into chunks of
+2 × n_window frames (2 s) and lets each chunk attend only to itself. Without flash attention
+it runs one SDPA call per chunk per layer on the chunks' rows laid end to end, so a clip
+costs hundreds of small kernels launched from Python: at 32 calls on an H200 the engine loop
+spent about 15 ms of host time per new clip there (py-spy, 2026-12-04), and every reply's
+decode step waited behind it.
+
+Here every chunk is padded to the full 2 × n_window frames and all of a clip's chunks run as
+one batch; attention masks each chunk's padding keys, so every real row sees exactly the keys
+it sees in transformers' encoder (same weights, same operations, in another order of
+batching). The shapes then depend only on the number of chunks, and a graph per chunk-count
+bucket (1, 2, 4, … chunks) replays the whole encoder with one launch. A clip longer than the
+largest bucket runs the same code eagerly.
+
+The stride-2 average pooling at the end pairs rows within a chunk: a full chunk has an even
+number of rows (n_window), so this equals transformers' pooling over the clip's rows end to
+end; `supports` refuses a configuration where it would not.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from .cuda_graphs import batch_buckets, bucket_for, capture_each
+
+# any SDPA kernel but cuDNN's (which plans per shape); the masked batch takes the
+# memory-efficient one
+ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+# graphs are captured for up to this many chunks (2 s each): a 32 s clip; longer ones run eagerly
+GRAPH_CHUNKS = 16
+
+
+class ChunkedAudioEncoder:
+    """`audio_tower` (a `Qwen2_5OmniAudioEncoder`) over a clip's log-mel features, its chunks
+    batched; with `cuda_graphs`, a graph per chunk-count bucket in `pool`."""
+
+    def __init__(self, audio_tower, device: torch.device, dtype: torch.dtype,
+                 cuda_graphs: bool, pool=None) -> None:
+        self.tower = audio_tower
+        self.device = device
+        self.dtype = dtype
+        self.frames = 2 * audio_tower.n_window  # mel frames per chunk
+        self.rows = (self.frames - 1) // 2 + 1  # rows per chunk after the stride-2 convolution
+        mel = audio_tower.num_mel_bins
+        self.buckets = batch_buckets(GRAPH_CHUNKS)
+        # static inputs per bucket: the chunks' features and which of their frames are real
+        self.inputs = {chunks: (torch.zeros((chunks, mel, self.frames), dtype=dtype, device=device),
+                                torch.ones((chunks, 1, self.frames), dtype=dtype, device=device))
+                       for chunks in self.buckets} if cuda_graphs else {}
+        self.graphs = capture_each(self._run, [(chunks,) for chunks in self.buckets], pool,
+                                   "audio encoder") if cuda_graphs else {}
+
+    @staticmethod
+    def supports(audio_tower) -> bool:
+        """Whether chunk-wise pooling equals the encoder's (an even row count per chunk)."""
+        return audio_tower.n_window % 2 == 0
+
+    def __call__(self, features: torch.Tensor, frames: int) -> torch.Tensor:
+        """(audio tokens, output_dim) for one clip: `features` (mel, ≥ frames) on the host,
+        of which the first `frames` are the clip's."""
+        chunks = -(-frames // self.frames)
+        padded = torch.zeros((chunks * self.frames, features.shape[0]), dtype=features.dtype)
+        padded[:frames] = features[:, :frames].T
+        padded = padded.view(chunks, self.frames, -1).transpose(1, 2)
+        real = torch.from_numpy((np.arange(chunks * self.frames) < frames).reshape(chunks, 1, self.frames))
+        last_rows = (frames - (chunks - 1) * self.frames - 1) // 2 + 1
+        tokens = (chunks - 1) * (self.rows // 2) + last_rows // 2  # the pooled pairs
+        bucket = bucket_for(chunks, self.buckets)
+        graph = self.graphs.get((bucket,)) if bucket is not None else None
+        if graph is None:
+            out = self._forward(padded.to(self.dtype).to(self.device, non_blocking=True),
+                                real.to(self.dtype).to(self.device, non_blocking=True))
+            return out.reshape(-1, out.shape[-1])[:tokens]
+        buffer, mask = self.inputs[bucket]
+        # copied without waiting for the device (a host wait here would drain the loop's stream)
+        buffer[:chunks].copy_(padded.to(self.dtype), non_blocking=True)
+        buffer[chunks:].zero_()
+        mask[:chunks].copy_(real.to(self.dtype), non_blocking=True)
+        mask[chunks:].fill_(1)  # unused chunks: zeros, all real (no row without a key)
+        out = graph.replay()
+        return out.reshape(-1, out.shape[-1])[:tokens].clone()
+
+    def _run(self, chunks: int) -> torch.Tensor:
+        buffer, mask = self.inputs[chunks]
+        return self._forward(buffer, mask)
+
+    def _forward(self, features: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        """(chunks, n_window // 2 pooled rows, output_dim) from `features` (chunks, mel,
+        frames) and `real` (chunks, 1, frames): 1 where a frame is the clip's."""
+        tower = self.tower
+        hidden = F.gelu(tower.conv1(features)) * real
+        hidden = F.gelu(tower.conv2(hidden)).transpose(1, 2)  # (chunks, rows, d_model)
+        hidden = hidden + tower.positional_embedding.positional_embedding[:hidden.shape[1]].to(hidden.dtype)
+        # a row is real where the frame it starts at is (stride 2): only those are keys
+        keys = real[:, :, ::2].bool()[:, None]  # (chunks, 1, 1, rows)
+        with sdpa_kernel(ATTENTION):
+            for layer in tower.layers:
+                hidden = hidden + _attention(layer.self_attn, layer.self_attn_layer_norm(hidden), keys)
+                feed = layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(hidden))))
+                hidden = hidden + feed
+                if hidden.dtype == torch.float16:  # as transformers' layer does in float16
+                    limit = torch.finfo(hidden.dtype).max - 1000
+                    hidden = hidden.clamp(-limit, limit)
+        pooled = (hidden[:, 0::2] + hidden[:, 1::2]) / 2
+        return tower.proj(tower.ln_post(pooled))
+
+
+def _attention(attention, hidden: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """`Qwen2_5OmniAudioAttention` over a batch of chunks (chunks, rows, d_model), each row
+    attending to its chunk's real rows."""
+    chunks, rows, width = hidden.shape
+    heads = attention.num_heads
+
+    def split(projection):
+        return projection(hidden).view(chunks, rows, heads, -1).transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(split(attention.q_proj), split(attention.k_proj),
+                                         split(attention.v_proj), attn_mask=keys,
+                                         scale=attention.scaling)
+    return attention.out_proj(out.transpose(1, 2).reshape(chunks, rows, width))
