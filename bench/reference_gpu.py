@@ -73,6 +73,7 @@ import json
 import logging
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -581,12 +582,20 @@ class StallWatchdog:
             print(dump.stdout[-6000:] + dump.stderr[-500:], flush=True)
         except (OSError, subprocess.TimeoutExpired) as error:
             print(f"         py-spy dump: {error}", flush=True)
+        # the kernels the device is in (a hung kernel stays there)
+        cuda_gdb = shutil.which("cuda-gdb") or shutil.which("cuda-gdb", path="/usr/local/cuda/bin")
+        if cuda_gdb is not None:
+            try:
+                kernels = subprocess.run([cuda_gdb, "-p", str(os.getpid()), "-batch", "-ex", "info cuda kernels"],
+                                         capture_output=True, text=True, timeout=120)
+                print(kernels.stdout[-4000:] + kernels.stderr[-500:], flush=True)
+            except (OSError, subprocess.TimeoutExpired) as error:
+                print(f"         cuda-gdb: {error}", flush=True)
 
 
 async def record_py_spy(args, seconds: int = 10) -> None:
     """Sample this process's threads with py-spy (if installed) for `seconds`, once every call
     of the level is running: where the engine loop's host time goes."""
-    import shutil
 
     py_spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
     if py_spy is None:
@@ -687,7 +696,7 @@ def profile_steps(engine: ReferenceEngine, args) -> None:
     costs["audio encoder"] = audio_encoder_costs(engine, timed)
     print("\n== captured steps (ms, median of 20 replays)", flush=True)
     for name, table in costs.items():
-        print(f"{name:>8}: " + "  ".join(f"{key} {value:.1e}" if key.startswith("diff") else
+        print(f"{name:>8}: " + "  ".join(f"{key} {value:.1e}" if str(key).startswith("diff") else
                                          f"{key} {value:.2f}" for key, value in table.items()), flush=True)
     if args.costs_out:
         Path(args.costs_out).write_text(json.dumps(costs, indent=1))
