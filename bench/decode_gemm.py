@@ -38,7 +38,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpu_timing import replay_ms  # noqa: E402  (bench/)
-from inference.engine.reference.cuda_graphs import CapturedStep  # noqa: E402
+from inference.engine.reference.cuda_graphs import CapturedStep, own_stream  # noqa: E402
 from inference.engine.reference.int8_matmul import int8_linear, quantize  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
@@ -123,6 +123,7 @@ def measure(model: str, shapes: list[tuple[int, int]], layers: int, device: torc
     for config in INT8_CONFIGS:
         kinds[f"int8 weight-only {config}"] = (lambda x, config=config: layer_int8(x, config), bytes_bf16 // 2)
     print(f"one {model} layer's 7 products ({bytes_bf16 / 1e6:.0f} MB in bfloat16), x{layers} layers:")
+    capture = own_stream(device)
     for batch in BATCHES:
         inputs = [torch.randn(batch, k, device=device, dtype=torch.bfloat16) for k, _ in shapes]
         inputs[1] = inputs[2] = inputs[0]  # q, k and v read the same rows, as gate and up do
@@ -131,7 +132,7 @@ def measure(model: str, shapes: list[tuple[int, int]], layers: int, device: torc
         cells, int8_best = [], None
         for name, (layer, nbytes) in kinds.items():
             try:
-                ms = replay_ms(CapturedStep(lambda: layer(inputs)), repeats=50)
+                ms = replay_ms(CapturedStep(lambda: layer(inputs), capture), repeats=50)
                 out = layer(inputs)
                 if len(out) != len(reference):  # the fused layout: split it back
                     q, k, v = out[0].split([w.shape[0] for w in weights[:3]], dim=-1)

@@ -685,7 +685,7 @@ def profile_steps(engine: ReferenceEngine, args) -> None:
             view.point([], [])
             costs[name][batch] = timed(step)
     # the two side by side, each on its stream, as the loop runs them with `talker_stream`
-    side = runner.talker_stream or torch.cuda.Stream(runner.device)
+    side = runner.talker_stream or own_stream(runner.device)
     costs["thinker+talker"] = {batch: replay_beside_ms(runner.thinker_decode.graphs[(batch,)],
                                                        runner.talker_decode.graphs[(batch,)], side)
                                for batch in costs["talker"]}
@@ -764,7 +764,7 @@ def profile_qwen3_steps(engine: ReferenceEngine, timed, args) -> None:
                              device=runner.device)
         first = torch.zeros((batch,), dtype=torch.long, device=runner.device)
         noise = frame.inputs[batch].predictor_noise
-        costs["code_predictor"][batch] = timed(CapturedStep(lambda: frame._residuals(hidden, first, noise)))
+        costs["code_predictor"][batch] = timed(CapturedStep(lambda: frame._residuals(hidden, first, noise), runner.capture_stream))
     for (frames, batch), decoder in sorted(runner.code2wav._graphs.items()):
         costs["code2wav"][f"{frames}/{batch}"] = timed(decoder.step)
 

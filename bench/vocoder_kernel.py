@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from inference.engine.reference.cuda_graphs import CapturedStep  # noqa: E402
+from inference.engine.reference.cuda_graphs import CapturedStep, own_stream  # noqa: E402
 from gpu_timing import replay_ms  # noqa: E402  (bench/)
 from inference.engine.reference.tiny import _make_vocoder_audible  # noqa: E402
 from inference.engine.reference.token2wav_runner import mel_to_wave  # noqa: E402
@@ -92,6 +92,7 @@ def main() -> None:
     print(f"{'variant':14} {'batch':>5} {'ms a call':>10} {'x modules tf32':>14} "
           f"{'max error':>10} {'SNR dB':>7} {'LSD dB':>7}")
     default_tf32 = torch.backends.cudnn.allow_tf32
+    capture = own_stream(device)
     with torch.inference_mode():
         for batch in batches:
             mel = torch.randn(batch, 80, args.frames, device=device, generator=generator) - 5.0
@@ -100,7 +101,7 @@ def main() -> None:
                 torch.backends.cudnn.allow_tf32 = tf32
                 static = mel.clone()
                 step = CapturedStep(lambda: mel_to_wave(vocoder, static, floor,
-                                                        fused if use_kernel else None))
+                                                        fused if use_kernel else None), capture)
                 wave = step.replay().clone()
                 results[name] = (wave.reshape(batch, -1), replay_ms(step, args.repeats))
                 del step

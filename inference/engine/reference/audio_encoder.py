@@ -38,10 +38,10 @@ GRAPH_CHUNKS = 16
 
 class ChunkedAudioEncoder:
     """`audio_tower` (a `Qwen2_5OmniAudioEncoder`) over a clip's log-mel features, its chunks
-    batched; with `cuda_graphs`, a graph per chunk-count bucket in `pool`."""
+    batched; with a `capture_stream`, from a graph per chunk-count bucket in `pool`."""
 
     def __init__(self, audio_tower, device: torch.device, dtype: torch.dtype,
-                 cuda_graphs: bool, pool=None) -> None:
+                 capture_stream: torch.cuda.Stream | None, pool=None) -> None:
         self.tower = audio_tower
         self.device = device
         self.dtype = dtype
@@ -52,9 +52,9 @@ class ChunkedAudioEncoder:
         # static inputs per bucket: the chunks' features and which of their frames are real
         self.inputs = {chunks: (torch.zeros((chunks, mel, self.frames), dtype=dtype, device=device),
                                 torch.ones((chunks, 1, self.frames), dtype=dtype, device=device))
-                       for chunks in self.buckets} if cuda_graphs else {}
-        self.graphs = capture_each(self._run, [(chunks,) for chunks in self.buckets], pool,
-                                   "audio encoder") if cuda_graphs else {}
+                       for chunks in self.buckets} if capture_stream is not None else {}
+        self.graphs = capture_each(self._run, [(chunks,) for chunks in self.buckets], capture_stream,
+                                   pool, "audio encoder") if capture_stream is not None else {}
 
     @staticmethod
     def supports(audio_tower) -> bool:

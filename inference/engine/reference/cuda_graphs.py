@@ -15,9 +15,18 @@ a step's kernels with one launch. The rules that make this correct:
   talker's decode steps, token2wav) are captured on different capture streams, into
   different memory pools (a pool's graphs may share intermediate memory). cuBLAS keeps one
   workspace per stream, and the captured kernels keep the capture stream's: two graphs of
-  one capture stream replayed at once share it, and cuBLAS's cooperative kernels, which keep counters
-  there, then corrupt each other's results or spin forever (seen on an H200 at 24 calls:
-  both streams hung in one such kernel).
+  one capture stream replayed at once share it, and cuBLAS's cooperative kernels, which keep
+  counters there, then corrupt each other's results or spin forever (seen on an H200: both
+  streams hung in `nvjet_sm90_tst_128x160_64x5_2x1_v_bz_coopA_bias_TNT`, all 132 blocks
+  spinning). The same holds for eager work on a stream some graph was captured on;
+- so every stream the engine runs or captures on is its own (`own_stream`).
+  `torch.cuda.Stream()` does not create a stream: it hands out one of a pool of 32 per
+  priority, round robin, so the 33rd call returns the first call's stream again. A graph
+  warm-up that drew a side stream per capture (about 60 for a 7B engine's graphs) made
+  token2wav's streams come round to the talker's capture stream or torch's default capture
+  stream, depending on how many graphs came before: adding five graphs of the audio encoder
+  turned rare hangs into hangs in 3 of 4 steady runs (H200, 2026-12-04). Captures here draw
+  no stream: each warms up and captures on the stream it is given.
 
 Batched steps are captured once per batch-size bucket (1, 2, 4, 8, …): a batch of 5 replays
 the graph for 8 with three padding rows.
@@ -27,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from typing import Callable
 
 import torch
@@ -34,22 +44,39 @@ import torch
 logger = logging.getLogger(__name__)
 
 
-class CapturedStep:
-    """`pool`: a memory pool shared with other graphs (torch.cuda.graph_pool_handle()); safe
-    where those are replayed one at a time, on one stream, with their outputs used first.
-    `stream`: the capture stream (None: torch's default one); graphs that may be replayed at
-    the same time as others need one of their own (see the module doc)."""
+# the streams `own_stream` has handed out and whose owners still hold them, by CUDA handle
+_OWNED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
-    def __init__(self, function: Callable[[], object], pool=None,
-                 stream: torch.cuda.Stream | None = None) -> None:
+
+def own_stream(device: torch.device, priority: int = 0, draw: Callable | None = None):
+    """A stream from torch's pool that no other live owner in this process runs or captures
+    on (torch's pool hands streams out round robin, see the module doc); it is free again once
+    its owner drops it. `draw(device, priority)` draws from the pool (a test's fake pool)."""
+    draw = draw or (lambda device, priority: torch.cuda.Stream(device, priority=priority))
+    for _ in range(64):  # two rounds of a pool of 32
+        stream = draw(device, priority)
+        if stream.cuda_stream not in _OWNED:
+            _OWNED[stream.cuda_stream] = stream
+            return stream
+    raise RuntimeError(f"every CUDA stream of priority {priority} in torch's pool is owned: "
+                       "too many engines alive in one process")
+
+
+class CapturedStep:
+    """`stream`: the capture stream, one of the owner's own (`own_stream`): graphs that may be
+    replayed at the same time as others need one of their own (see the module doc). `pool`: a
+    memory pool shared with other graphs (torch.cuda.graph_pool_handle()); safe where those are
+    replayed one at a time, on one stream, with their outputs used first."""
+
+    def __init__(self, function: Callable[[], object], stream: torch.cuda.Stream,
+                 pool=None) -> None:
         self.function = function
-        # one eager run first, on the capture stream (or a side stream) as capture requires:
-        # lazy initialisation (cuBLAS workspaces, cached tables) must not happen inside it
-        side = stream or torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+        # one eager run first, on the capture stream, as capture requires: lazy initialisation
+        # (cuBLAS workspaces, cached tables) must not happen inside it
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
             function()
-        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool, stream=stream):
             self.outputs = function()
@@ -74,12 +101,12 @@ def bucket_for(batch: int, buckets: list[int]) -> int | None:
     return next((size for size in buckets if size >= batch), None)
 
 
-def capture_each(function: Callable[..., object], keys, pool=None, name: str = "",
-                 stream: torch.cuda.Stream | None = None) -> dict:
+def capture_each(function: Callable[..., object], keys, stream: torch.cuda.Stream, pool=None,
+                 name: str = "") -> dict:
     """One graph per key, capturing `function(*key)` (e.g. keys (batch bucket, window)) on
-    `stream` (None: torch's default capture stream)."""
+    `stream`."""
     started = time.monotonic()
-    graphs = {key: CapturedStep(lambda key=key: function(*key), pool=pool, stream=stream) for key in keys}
+    graphs = {key: CapturedStep(lambda key=key: function(*key), stream, pool) for key in keys}
     logger.info("captured %d graphs of %s in %.1f s (compiling included, if any)", len(graphs),
                 name or getattr(function, "__qualname__", "a step"), time.monotonic() - started)
     return graphs

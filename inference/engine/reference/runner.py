@@ -32,7 +32,7 @@ from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as omni
 
 from .audio_encoder import ChunkedAudioEncoder
 from .compiled import compile_step, talker_layer, thinker_layer
-from .cuda_graphs import batch_buckets, bucket_for, capture_each
+from .cuda_graphs import batch_buckets, bucket_for, capture_each, own_stream
 from .int8_matmul import quantize_thinker
 from .joined_layers import join_projections
 from .kv_pool import BatchView, KVPool, copy_from_host, forward, to_device
@@ -70,14 +70,19 @@ class DeviceRunner:
     def _init_device(self, device: torch.device, cuda_graphs: bool, talker_stream: bool) -> None:
         self.device = device
         cuda = device.type == "cuda"
-        self.stream = torch.cuda.Stream(device, priority=-1) if cuda else None
+        # every stream is the runner's own (cuda_graphs.own_stream says why)
+        self.stream = own_stream(device, priority=-1) if cuda else None
         self.talker_beside_thinker = talker_stream
-        self.talker_stream = torch.cuda.Stream(device, priority=-1) if cuda and talker_stream else None
-        self.graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs and cuda else None
+        self.talker_stream = own_stream(device, priority=-1) if cuda and talker_stream else None
+        graphs = cuda_graphs and cuda
+        self.graph_pool = torch.cuda.graph_pool_handle() if graphs else None
+        # the loop's graphs (prompt chunks, the thinker's decode step, the audio encoder) are
+        # captured here; they replay one at a time, on `stream`
+        self.capture_stream = own_stream(device) if graphs else None
         # the talker's decode graphs may replay at the same time as the loop's: a memory pool
         # and a capture stream of their own (cuda_graphs.py)
-        self.talker_graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs and cuda else None
-        self.talker_capture_stream = torch.cuda.Stream(device) if cuda_graphs and cuda else None
+        self.talker_graph_pool = torch.cuda.graph_pool_handle() if graphs else None
+        self.talker_capture_stream = own_stream(device) if graphs else None
         self._pinned: torch.Tensor | None = None  # host buffer of `read`
 
     def loop_stream(self):
@@ -177,7 +182,7 @@ class ModelRunner(DeviceRunner):
                                 for name, speaker in model.speaker_map.items()}
         self.feature_extractor = feature_extractor
         tower = self.thinker.audio_tower
-        self.audio_encoder = (ChunkedAudioEncoder(tower, device, dtype, cuda_graphs, self.graph_pool)
+        self.audio_encoder = (ChunkedAudioEncoder(tower, device, dtype, self.capture_stream, self.graph_pool)
                               if ChunkedAudioEncoder.supports(tower) else None)
         self.encoder_cache = AudioEncoderCache(self._encode_clip, encoder_cache_bytes)
         self.buckets = batch_buckets(slots)
@@ -343,7 +348,8 @@ class _ChunkForward:
                               BatchView(pool, 1, size)) for size in self.buckets}
         self.graphs = capture_each(self._run, [(size, window) for size in self.buckets
                                                for window in pool.windows if window >= size],
-                                   runner.graph_pool, "prompt chunks") if cuda_graphs else {}
+                                   runner.capture_stream, runner.graph_pool,
+                                   "prompt chunks") if cuda_graphs else {}
 
     def __call__(self, slot: int, inputs: torch.Tensor, positions: torch.Tensor,
                  start: int) -> torch.Tensor:
@@ -393,7 +399,8 @@ class _ThinkerDecode:
                                   BatchView(pool, batch, 1))
         self.layer_step = compile_step(thinker_layer, compile)
         self.graphs = capture_each(self._run, [(batch,) for batch in runner.buckets],
-                                   runner.graph_pool, "thinker decode") if cuda_graphs else {}
+                                   runner.capture_stream, runner.graph_pool,
+                                   "thinker decode") if cuda_graphs else {}
 
     def __call__(self, slots, tokens, lengths, rope_deltas) -> ThinkerStep:
         count = len(slots)
@@ -456,8 +463,8 @@ class _TalkerDecode:
         self.noise = NoiseBank(runner.talker_sampler, runner.slots, NOISE_STEPS, vocab, device)
         self.layer_step = compile_step(talker_layer, compile)
         self.graphs = capture_each(self._run, [(batch,) for batch in runner.buckets],
-                                   runner.talker_graph_pool, "talker decode",
-                                   stream=runner.talker_capture_stream) if cuda_graphs else {}
+                                   runner.talker_capture_stream, runner.talker_graph_pool,
+                                   "talker decode") if cuda_graphs else {}
 
     def __call__(self, slots, codes, inputs, lengths, rope_deltas, end_masked,
                  generators) -> torch.Tensor:

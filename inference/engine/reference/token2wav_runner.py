@@ -45,7 +45,7 @@ import torch
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
 
 from .compiled import compile_step, dit_block, mark_dynamic
-from .cuda_graphs import CapturedStep, batch_buckets, bucket_for
+from .cuda_graphs import CapturedStep, batch_buckets, bucket_for, own_stream
 from .token2wav_stream import ChunkPlan, MelWindow, Token2WavShape
 
 logger = logging.getLogger(__name__)
@@ -89,9 +89,9 @@ class Token2WavRunner:
         self.plans = (plan, *other_plans)
         self.device = device
         # default priority: lower than the engine loop's stream (ModelRunner.stream)
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.stream = own_stream(device) if device.type == "cuda" else None
         # its graphs' capture stream: not the decode steps' (cuda_graphs.py says why)
-        self.capture_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.capture_stream = own_stream(device) if device.type == "cuda" else None
         self.shape = Token2WavShape(
             block=self.dit.block_size, repeats=self.dit.repeats,
             samples_per_frame=int(np.prod(self.vocoder.config.upsample_rates)),
@@ -255,7 +255,7 @@ class _WindowOde:
         self.encoding = runner.speaker_encoding[self.speaker_rows]
         self.times = ode_times(steps, runner.plan.sway_coefficient, device)
         self.evaluate = runner.evaluate_compiled if capture else runner.evaluate
-        self.step = CapturedStep(self._solve, stream=runner.capture_stream) if capture else None
+        self.step = CapturedStep(self._solve, runner.capture_stream) if capture else None
 
     def __call__(self, windows: list[MelWindow]) -> list[torch.Tensor]:
         """Mel (1, mel_dim, frames) of each window, views of one copy of the batch's output."""

@@ -449,7 +449,7 @@ class EagerGraph:
     kind = "decode"  # the engine loop's graphs (cuda_graphs.py's users)
     captured: list[tuple[str, object]] = []
 
-    def __init__(self, function, pool=None, stream=None) -> None:
+    def __init__(self, function, stream, pool=None) -> None:
         self.function = function
         EagerGraph.captured.append((self.kind, stream))
 

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import torch
 
-from ...cuda_graphs import CapturedStep, batch_buckets, bucket_for
+from ...cuda_graphs import CapturedStep, batch_buckets, bucket_for, own_stream
 from ...token2wav_runner import PendingWaves
 from .code2wav_stream import Code2WavPlan
 
@@ -32,8 +32,8 @@ class Code2WavRunner:
         self.device = device
         self.groups = code2wav.config.num_quantizers
         self.samples_per_frame = int(code2wav.total_upsample)
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self.capture_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.stream = own_stream(device) if device.type == "cuda" else None
+        self.capture_stream = own_stream(device) if device.type == "cuda" else None
         self.buckets = batch_buckets(max_batch)
         # the samples a window's causal end drops (each causal transposed convolution cuts
         # the part the next frame would complete): frames × samples_per_frame − its output
@@ -89,7 +89,7 @@ class _Decoder:
 
     def __init__(self, runner: Code2WavRunner, frames: int, batch: int) -> None:
         self.codes = torch.zeros((batch, runner.groups, frames), dtype=torch.long, device=runner.device)
-        self.step = CapturedStep(lambda: runner.code2wav(self.codes)[:, 0], stream=runner.capture_stream)
+        self.step = CapturedStep(lambda: runner.code2wav(self.codes)[:, 0], runner.capture_stream)
 
     def __call__(self, codes: torch.Tensor) -> torch.Tensor:
         rows, _, frames = codes.shape

@@ -254,9 +254,11 @@ class _FrameDecode:
             predictor_noise=torch.ones((1, self.groups - 1, predictor_vocab), dtype=torch.float32,
                                        device=device))
         self.graphs = capture_each(self._run, [(batch,) for batch in runner.buckets],
-                                   runner.talker_graph_pool, "talker frame",
-                                   stream=runner.talker_capture_stream) if cuda_graphs else {}
-        self.first_graph = CapturedStep(self._first, pool=runner.graph_pool) if cuda_graphs else None
+                                   runner.talker_capture_stream, runner.talker_graph_pool,
+                                   "talker frame") if cuda_graphs else {}
+        # the first frame replays on the loop's stream, in the talker's start
+        self.first_graph = (CapturedStep(self._first, runner.capture_stream, runner.graph_pool)
+                            if cuda_graphs else None)
 
     def __call__(self, replies) -> torch.Tensor:
         runner = self.runner

@@ -1,0 +1,49 @@
+"""The engine's streams: torch's pool hands streams out round robin, so a stream drawn late can
+be one drawn early; `own_stream` never hands out one a live owner holds (a shared capture
+stream hung an H200's device). Runs on a fake pool: no GPU is needed for the rule."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from inference.engine.reference.cuda_graphs import own_stream
+
+
+class FakeStream:
+    """What torch.cuda.Stream() returns: a new Python object around one of the pool's streams."""
+
+    def __init__(self, handle: str) -> None:
+        self.cuda_stream = handle
+
+
+def round_robin_pool(size: int):
+    handles = [f"fake-stream-{id(object())}-{i}" for i in range(size)]
+    counter = itertools.count()
+    return lambda device, priority: FakeStream(handles[next(counter) % size])
+
+
+def test_an_owned_stream_is_never_handed_out_again_while_it_is_held():
+    draw = round_robin_pool(4)
+    loop = own_stream("cuda", draw=draw)
+    talker_capture = own_stream("cuda", draw=draw)
+    for _ in range(3):  # others draw side streams: the pool comes round to the owned ones
+        draw("cuda", 0)
+    token2wav = own_stream("cuda", draw=draw)
+    token2wav_capture = own_stream("cuda", draw=draw)
+    handles = [s.cuda_stream for s in (loop, talker_capture, token2wav, token2wav_capture)]
+    assert len(set(handles)) == 4
+    # plain draws from the pool would have come round to the loop's and the talker's streams
+    assert draw("cuda", 0).cuda_stream in handles
+
+
+def test_a_stream_is_free_again_once_its_owner_drops_it_and_a_full_pool_is_refused():
+    draw = round_robin_pool(2)
+    first, second = own_stream("cuda", draw=draw), own_stream("cuda", draw=draw)
+    with pytest.raises(RuntimeError, match="every CUDA stream"):
+        own_stream("cuda", draw=draw)
+    dropped = first.cuda_stream
+    del first
+    again = own_stream("cuda", draw=draw)
+    assert again.cuda_stream == dropped != second.cuda_stream
