@@ -6,7 +6,9 @@ Layout (see docs/reference-engine.md for the picture):
 - `scheduler` — what runs each step (admission, prefill budget, decode batches, the realtime
   token2wav policy) and `SlotTable`, who holds which KV slot (prefix caches included);
 - `runner` — the model execution: KV pools, batched thinker/talker steps, the audio
-  encoder cache; `kv_pool` the pooled KV cache, `cuda_graphs` the graph capture;
+  encoder cache; `audio_encoder` Qwen2.5-Omni's audio encoder over a clip's chunks as one
+  batch; `kv_pool` the pooled KV cache, `cuda_graphs` the graph capture and the engine's own
+  streams;
 - `reply` — one reply's state and what it does with each result;
 - `prompt` + `chat_template` (request → tokens and content keys), `sampling`, `detokenize`,
   `constrained` (grammar-forced tool calls), `talker` (codec facts), `token2wav_stream` (one
