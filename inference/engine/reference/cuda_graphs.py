@@ -34,6 +34,7 @@ the graph for 8 with three padding rows.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 import weakref
@@ -53,11 +54,14 @@ def own_stream(device: torch.device, priority: int = 0, draw: Callable | None = 
     on (torch's pool hands streams out round robin, see the module doc); it is free again once
     its owner drops it. `draw(device, priority)` draws from the pool (a test's fake pool)."""
     draw = draw or (lambda device, priority: torch.cuda.Stream(device, priority=priority))
-    for _ in range(64):  # two rounds of a pool of 32
-        stream = draw(device, priority)
-        if stream.cuda_stream not in _OWNED:
-            _OWNED[stream.cuda_stream] = stream
-            return stream
+    for attempt in range(2):
+        if attempt:  # closed engines' runners may wait in reference cycles: free their streams
+            gc.collect()
+        for _ in range(64):  # two rounds of a pool of 32
+            stream = draw(device, priority)
+            if stream.cuda_stream not in _OWNED:
+                _OWNED[stream.cuda_stream] = stream
+                return stream
     raise RuntimeError(f"every CUDA stream of priority {priority} in torch's pool is owned: "
                        "too many engines alive in one process")
 

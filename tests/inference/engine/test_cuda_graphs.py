@@ -47,3 +47,17 @@ def test_a_stream_is_free_again_once_its_owner_drops_it_and_a_full_pool_is_refus
     del first
     again = own_stream("cuda", draw=draw)
     assert again.cuda_stream == dropped != second.cuda_stream
+
+
+def test_streams_held_only_by_garbage_in_a_reference_cycle_are_freed_when_needed():
+    draw = round_robin_pool(1)
+
+    class ClosedRunner:  # a runner that refers to itself, as closed engines' runners may
+        def __init__(self) -> None:
+            self.stream = own_stream("cuda", draw=draw)
+            self.me = self
+
+    runner = ClosedRunner()
+    handle = runner.stream.cuda_stream
+    del runner  # unreachable, but alive until the cycle collector runs
+    assert own_stream("cuda", draw=draw).cuda_stream == handle
