@@ -402,7 +402,7 @@ async def run_variant(name: str, loaded: LoadedModel, variant: str, options: dic
     await engine.start_with_model(loaded)
     set_reply_lengths(engine, args.audio_seconds)
     print(f"\n== variant {variant} {overrides}  started in {time.monotonic() - started:.1f} s  "
-          f"KV slots {engine.capacity}  graphs: {audio_graphs(engine.runner)}  "
+          f"KV slots {engine.capacity}  {engine_streams(engine.runner)}  graphs: {audio_graphs(engine.runner)}  "
           f"GPU memory in use {gpu_memory(device)}", flush=True)
     await one_session(engine, 999, args)  # untimed extra warm-up
     if args.profile_steps and device.type == "cuda":
@@ -424,6 +424,18 @@ def audio_graphs(runner) -> str:
     """What of the audio decoder runs from CUDA graphs (the family's token2wav or code2wav)."""
     decoder = getattr(runner, "token2wav", None) or getattr(runner, "code2wav", None)
     return f"{type(decoder).__name__} {decoder.graphed}"
+
+
+def engine_streams(runner) -> str:
+    """The CUDA streams the engine runs and captures on, and whether they are all different
+    (two sharing one shared cuBLAS's workspace and hung the device: cuda_graphs.py)."""
+    decoder = getattr(runner, "token2wav", None) or getattr(runner, "code2wav", None)
+    named = {"loop": runner.stream, "talker": runner.talker_stream,
+             "loop capture": runner.capture_stream, "talker capture": runner.talker_capture_stream,
+             "audio": decoder.stream, "audio capture": decoder.capture_stream}
+    handles = {name: stream.cuda_stream for name, stream in named.items() if stream is not None}
+    distinct = len(set(handles.values())) == len(handles)
+    return f"{len(handles)} streams, {'all distinct' if distinct else 'SHARED: ' + str(handles)}"
 
 
 async def run_burst(engine: ReferenceEngine, levels: list[int], args, device: torch.device) -> None:
