@@ -727,7 +727,7 @@ def audio_encoder_costs(engine: ReferenceEngine, timed) -> dict:
     eagerly, and the clip's chunks as one batch from a graph (audio_encoder.py); and `diff`, the
     largest difference of the two outputs relative to the largest output value."""
     from inference.engine.reference.prompt import audio_features
-    from inference.engine.reference.runner import encode_audio
+    from inference.engine.reference.audio_encoder import encode_audio
 
     runner = engine.runner
     dtype = runner.thinker.lm_head.weight.dtype

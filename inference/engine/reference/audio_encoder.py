@@ -1,4 +1,5 @@
-"""Qwen2.5-Omni's audio encoder as one batch of fixed-size chunks, replayed from CUDA graphs.
+"""Qwen2.5-Omni's audio encoder: as one batch of fixed-size chunks, replayed from CUDA graphs
+(`ChunkedAudioEncoder`), and transformers' module as it is (`encode_audio`).
 
 transformers' encoder (`Qwen2_5OmniAudioEncoder`) cuts a clip's mel into chunks of
 2 × n_window frames (2 s) and lets each chunk attend only to itself. Without flash attention
@@ -25,11 +26,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as omni
 
 from .cuda_graphs import batch_buckets, bucket_for, capture_each
 
-# any SDPA kernel but cuDNN's (which plans per shape); the masked batch takes the
-# memory-efficient one
+# any SDPA kernel but cuDNN's, which builds and caches an execution plan per shape (the last
+# chunk's length changes with every utterance); the masked batch takes the memory-efficient one
 ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 # graphs are captured for up to this many chunks (2 s each): a 32 s clip; longer ones run eagerly
@@ -124,3 +126,27 @@ def _attention(attention, hidden: torch.Tensor, keys: torch.Tensor) -> torch.Ten
                                          split(attention.v_proj), attn_mask=keys,
                                          scale=attention.scaling)
     return attention.out_proj(out.transpose(1, 2).reshape(chunks, rows, width))
+
+
+def encode_audio(audio_tower, features: torch.Tensor, feature_mask: torch.Tensor,
+                 device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """(audio tokens, H): the audio encoder's output for every clip, as `get_audio_features`
+    computes it. Its bookkeeping (chunking and padding the mel, index tables) runs here on
+    the CPU tensors with transformers' own helpers and is handed to the encoder precomputed;
+    `cu_seqlens` stays on the CPU because the (non-flash) encoder attention splits by it on
+    the host once per layer. Attention may use any SDPA kernel but cuDNN's, which builds and
+    caches an execution plan per shape, and the last audio chunk's length changes with every
+    utterance."""
+    lengths = feature_mask.sum(dim=1)
+    flat = features.permute(0, 2, 1)[feature_mask.bool()].permute(1, 0)
+    padded, chunk_lengths = omni.chunk_and_pad_features(flat, lengths, audio_tower.n_window)
+    cu_seqlens = omni.get_audio_cu_seqlens(chunk_lengths)
+    if "flash" in str(audio_tower.config._attn_implementation):
+        cu_seqlens = cu_seqlens.to(device)
+    with sdpa_kernel(ATTENTION):
+        out = audio_tower(
+            feature_lens=lengths, padded_feature=padded.to(device, dtype),
+            chunk_lengths=chunk_lengths.to(device),
+            valid_indices=omni.get_valid_indices(chunk_lengths).to(device),
+            pool_indices=omni.get_pool_indices(lengths).to(device), cu_seqlens=cu_seqlens)
+    return out.last_hidden_state

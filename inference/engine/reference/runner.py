@@ -27,10 +27,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as omni
 
-from .audio_encoder import ChunkedAudioEncoder
+from .audio_encoder import ChunkedAudioEncoder, encode_audio
 from .compiled import compile_step, talker_layer, thinker_layer
 from .cuda_graphs import batch_buckets, bucket_for, capture_each, own_stream
 from .int8_matmul import quantize_thinker
@@ -47,8 +45,6 @@ logger = logging.getLogger(__name__)
 # talker steps whose sampling noise a slot draws at once (NoiseBank): a batch of 32 then draws
 # twice a step on average instead of 32 times
 NOISE_STEPS = 16
-
-ENCODER_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class DeviceRunner:
@@ -579,27 +575,3 @@ class AudioEncoderCache:
         self.entries.clear()
         self.readers.clear()
         self.bytes = 0
-
-
-def encode_audio(audio_tower, features: torch.Tensor, feature_mask: torch.Tensor,
-                 device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """(audio tokens, H): the audio encoder's output for every clip, as `get_audio_features`
-    computes it. Its bookkeeping (chunking and padding the mel, index tables) runs here on
-    the CPU tensors with transformers' own helpers and is handed to the encoder precomputed;
-    `cu_seqlens` stays on the CPU because the (non-flash) encoder attention splits by it on
-    the host once per layer. Attention may use any SDPA kernel but cuDNN's, which builds and
-    caches an execution plan per shape, and the last audio chunk's length changes with every
-    utterance."""
-    lengths = feature_mask.sum(dim=1)
-    flat = features.permute(0, 2, 1)[feature_mask.bool()].permute(1, 0)
-    padded, chunk_lengths = omni.chunk_and_pad_features(flat, lengths, audio_tower.n_window)
-    cu_seqlens = omni.get_audio_cu_seqlens(chunk_lengths)
-    if "flash" in str(audio_tower.config._attn_implementation):
-        cu_seqlens = cu_seqlens.to(device)
-    with sdpa_kernel(ENCODER_ATTENTION):
-        out = audio_tower(
-            feature_lens=lengths, padded_feature=padded.to(device, dtype),
-            chunk_lengths=chunk_lengths.to(device),
-            valid_indices=omni.get_valid_indices(chunk_lengths).to(device),
-            pool_indices=omni.get_pool_indices(lengths).to(device), cu_seqlens=cu_seqlens)
-    return out.last_hidden_state
