@@ -24,12 +24,12 @@ from inference.engine import (
     GenerationRequest, TextDelta, ToolCall, ToolCallDelta, ToolResult, ToolSpec, Truncation, UserAudio,
     UserText, create_engine,
 )
+from inference.engine.reference.audio_encoder import encode_audio
 from inference.engine.reference.core import LoopStats
 from inference.engine.reference.engine import size_kv
 from inference.engine.reference.detokenize import IncrementalDecoder
 from inference.engine.reference.prompt import audio_features, build_messages, build_prompt
 from inference.engine.reference.reply import Reply
-from inference.engine.reference.audio_encoder import encode_audio
 from inference.engine.reference.runner import NOISE_STEPS
 from inference.engine.reference.sampling import TALKER_SAMPLING, NoiseBank, TokenSampler
 from inference.engine.reference.tiny import build_tiny_model, ensure_tiny_model
