@@ -420,16 +420,21 @@ async def run_variant(name: str, loaded: LoadedModel, variant: str, options: dic
     await engine.close()
 
 
+def audio_decoder(runner):
+    """The family's audio decoder: Qwen2.5-Omni's token2wav or Qwen3-Omni's code2wav."""
+    return getattr(runner, "token2wav", None) or getattr(runner, "code2wav", None)
+
+
 def audio_graphs(runner) -> str:
-    """What of the audio decoder runs from CUDA graphs (the family's token2wav or code2wav)."""
-    decoder = getattr(runner, "token2wav", None) or getattr(runner, "code2wav", None)
+    """What of the audio decoder runs from CUDA graphs."""
+    decoder = audio_decoder(runner)
     return f"{type(decoder).__name__} {decoder.graphed}"
 
 
 def engine_streams(runner) -> str:
     """The CUDA streams the engine runs and captures on, and whether they are all different
     (two sharing one shared cuBLAS's workspace and hung the device: cuda_graphs.py)."""
-    decoder = getattr(runner, "token2wav", None) or getattr(runner, "code2wav", None)
+    decoder = audio_decoder(runner)
     named = {"loop": runner.stream, "talker": runner.talker_stream,
              "loop capture": runner.capture_stream, "talker capture": runner.talker_capture_stream,
              "audio": decoder.stream, "audio capture": decoder.capture_stream}
@@ -608,7 +613,6 @@ class StallWatchdog:
 async def record_py_spy(args, seconds: int = 10) -> None:
     """Sample this process's threads with py-spy (if installed) for `seconds`, once every call
     of the level is running: where the engine loop's host time goes."""
-
     py_spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
     if py_spy is None:
         print("py-spy: not installed; no host profile", flush=True)
@@ -776,7 +780,8 @@ def profile_qwen3_steps(engine: ReferenceEngine, timed, args) -> None:
                              device=runner.device)
         first = torch.zeros((batch,), dtype=torch.long, device=runner.device)
         noise = frame.inputs[batch].predictor_noise
-        costs["code_predictor"][batch] = timed(CapturedStep(lambda: frame._residuals(hidden, first, noise), runner.capture_stream))
+        costs["code_predictor"][batch] = timed(CapturedStep(
+            lambda: frame._residuals(hidden, first, noise), runner.capture_stream))
     for (frames, batch), decoder in sorted(runner.code2wav._graphs.items()):
         costs["code2wav"][f"{frames}/{batch}"] = timed(decoder.step)
 

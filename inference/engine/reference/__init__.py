@@ -7,8 +7,8 @@ Layout (see docs/reference-engine.md for the picture):
   token2wav policy) and `SlotTable`, who holds which KV slot (prefix caches included);
 - `runner` — the model execution: KV pools, batched thinker/talker steps, the audio
   encoder cache; `audio_encoder` Qwen2.5-Omni's audio encoder over a clip's chunks as one
-  batch; `kv_pool` the pooled KV cache, `cuda_graphs` the graph capture and the engine's own
-  streams;
+  batch; `kv_pool` the pooled KV cache, `host_copy` host values onto the device without waiting,
+  `cuda_graphs` the graph capture and the engine's own streams;
 - `reply` — one reply's state and what it does with each result;
 - `prompt` + `chat_template` (request → tokens and content keys), `sampling`, `detokenize`,
   `constrained` (grammar-forced tool calls), `talker` (codec facts), `token2wav_stream` (one

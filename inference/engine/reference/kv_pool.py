@@ -28,6 +28,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .host_copy import copy_from_host
 from .joined_layers import is_joined, joined_decoder_layer
 
 SMALLEST_WINDOW = 512
@@ -68,27 +69,6 @@ class KVPool:
         if length > self.capacity:
             raise ValueError(f"a sequence of {length} tokens exceeds the KV slot ({self.capacity})")
         return next(size for size in self.windows if size >= length)
-
-
-NUMPY_DTYPES = {torch.int64: np.int64, torch.bool: np.bool_}
-
-
-def copy_from_host(target: torch.Tensor, values) -> None:
-    """`values` (a list or array with target's elements, in order) into `target` as one copy.
-    Made as a numpy array, it costs the step one dispatched op, where torch.tensor costs three;
-    a loop step copies several such inputs (bench/loop_ops.py)."""
-    array = np.asarray(values, dtype=NUMPY_DTYPES[target.dtype]).reshape(target.shape)
-    target.copy_(torch.from_numpy(array), non_blocking=True)
-
-
-def to_device(values, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
-    """Host values (a list, an array or a CPU tensor) as a new tensor on `device`, without the
-    wait a blocking copy makes: `.to(device)` and `torch.tensor(..., device=)` synchronise the
-    current stream after the copy, so the loop would stop there until every step it has
-    queued is done (py-spy at 32 calls on an H200 found the talkers' starts waiting so)."""
-    if not isinstance(values, torch.Tensor):
-        values = torch.from_numpy(np.asarray(values, dtype=NUMPY_DTYPES[dtype]))
-    return values.to(device, non_blocking=True)
 
 
 class BatchView:

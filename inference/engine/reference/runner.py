@@ -33,7 +33,8 @@ from .compiled import compile_step, talker_layer, thinker_layer
 from .cuda_graphs import batch_buckets, bucket_for, capture_each, own_stream
 from .int8_matmul import quantize_thinker
 from .joined_layers import join_projections
-from .kv_pool import BatchView, KVPool, copy_from_host, forward, to_device
+from .host_copy import copy_from_host, to_device
+from .kv_pool import BatchView, KVPool, forward
 from .prompt import Clip, Prompt, audio_features
 from .sampling import NoiseBank, SamplingParams, TokenSampler
 from .talker import suppressed_codes

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from transformers.generation.logits_process import (
     LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
     TopKLogitsWarper, TopPLogitsWarper,
 )
+
+from .host_copy import to_device
 
 
 @dataclass(frozen=True)
@@ -143,5 +144,4 @@ class NoiseBank:
                 self.used[slot] = 0
             index.append(start + self.used[slot])
             self.used[slot] += 1
-        rows = torch.from_numpy(np.array(index)).to(self.rows.device, non_blocking=True)
-        torch.index_select(self.rows, 0, rows, out=out[:len(index)])
+        torch.index_select(self.rows, 0, to_device(index, self.rows.device), out=out[:len(index)])

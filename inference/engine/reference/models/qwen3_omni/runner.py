@@ -35,7 +35,8 @@ import torch
 
 from ...compiled import compile_step, predictor_layer, talker_layer
 from ...cuda_graphs import CapturedStep, batch_buckets, bucket_for, capture_each
-from ...kv_pool import BatchView, KVPool, copy_from_host, forward, to_device
+from ...host_copy import copy_from_host, to_device
+from ...kv_pool import BatchView, KVPool, forward
 from ...prompt import Clip, audio_features
 from ...runner import (NOISE_STEPS, PREFILL_BUCKETS, AudioEncoderCache, DeviceRunner, ThinkerStep,
                        _ChunkForward, _ThinkerDecode, rope_positions)
