@@ -95,7 +95,7 @@ from inference.engine.reference.loading import LoadedModel, load_model  # noqa: 
 from inference.engine.reference.sampling import TALKER_SAMPLING  # noqa: E402
 from gpu_timing import replay_beside_ms, replay_ms  # noqa: E402  (bench/)
 from steady_mix import (  # noqa: E402  (bench/: the steady state's rules, tested on a CPU)
-    GAP_S, Level, Seconds, pct, steady_capacity, turn_lengths,
+    GAP_S, CallPattern, Level, Seconds, pct, steady_capacity, turn_lengths,
 )
 
 SPEAKER_REF_FRAMES = 300
@@ -342,14 +342,15 @@ async def run(args) -> None:
     print(f"model family: {args.model} ({'tiny random' if args.tiny else 'random weights at the published shapes'})", flush=True)
     if args.check:
         await check_graphs(device, args)
-    steady, variant_steady = levels_of(args.steady), levels_of(args.variant_steady)
+    patterns, variant_steady = args.steady_patterns, levels_of(args.variant_steady)
+    steady = [calls for pattern in patterns for calls in pattern.levels]
     if not (levels or steady or args.conversation):
         return  # --check alone
     options = dict(device=str(device), kv_slots=max(levels + variant_levels + steady + variant_steady),
                    context_tokens=args.context_tokens,
                    # a steady reply may be longer than --audio-seconds: the engine's buffers
                    # are sized for the longest; each reply's own length is set on admission
-                   max_audio_seconds=max(args.audio_seconds, args.steady_reply.high),
+                   max_audio_seconds=max([args.audio_seconds] + [p.reply.high for p in patterns]),
                    min_audio_seconds=args.audio_seconds,
                    max_new_tokens=args.max_tokens, seed=0)
     for option in ("ode_steps", "first_chunk_blocks", "chunk_blocks", "lookahead_blocks"):
@@ -380,20 +381,21 @@ async def run(args) -> None:
 
         loaded = await asyncio.to_thread(build_7b_shaped, device, resolve_dtype(args.dtype, device))
     print(f"options: {options}  input audio {args.input_seconds} s  "
-          f"(speech per reply fixed at {args.audio_seconds} s; steady calls: {args.steady_input} "
-          f"in, {args.steady_reply} replies)", flush=True)
+          f"(speech per reply fixed at {args.audio_seconds} s; steady calls: "
+          f"{'; '.join(str(p) for p in patterns) or 'none'})", flush=True)
     for index, variant in enumerate(args.variants.split(",")):
         first = index == 0
         try:
             await run_variant(name, loaded, variant, options, levels if first else variant_levels,
-                              steady if first else variant_steady,
+                              patterns if first else [dataclasses.replace(p, levels=tuple(variant_steady))
+                                                      for p in patterns if variant_steady],
                               args.conversation if first else 0, args, device)
         except Exception as error:  # report and go on with the next variant
             logging.exception("variant %s failed: %s", variant, error)
 
 
 async def run_variant(name: str, loaded: LoadedModel, variant: str, options: dict,
-                      levels: list[int], steady: list[int], turns: int, args,
+                      levels: list[int], patterns: list[CallPattern], turns: int, args,
                       device: torch.device) -> None:
     overrides = VARIANTS[variant]
     engine = ReferenceEngine(name, dtype=str(loaded.dtype).removeprefix("torch."),
@@ -413,8 +415,8 @@ async def run_variant(name: str, loaded: LoadedModel, variant: str, options: dic
             logging.exception("--profile-steps failed")
     if levels:
         await run_burst(engine, levels, args, device)
-    if steady:
-        await run_steady(engine, steady, args)
+    for pattern in patterns:
+        await run_steady(engine, pattern, args)
     if turns:
         await run_conversation(engine, turns, args)
     await engine.close()
@@ -503,17 +505,17 @@ def loop_line(stats: LoopStats, wall: float) -> str:
             f"{100 * stats.decode_s / wall:.0f} %, audio {100 * stats.token2wav_s / wall:.0f} %)")
 
 
-async def run_steady(engine: ReferenceEngine, levels: list[int], args) -> None:
+async def run_steady(engine: ReferenceEngine, pattern: CallPattern, args) -> None:
     """Calls as they really arrive (see the module doc), one level after another, in
     ascending order; the rules that make the closing lines are in bench/steady_mix.py."""
     print(f"\n== steady state: calls start over {args.stagger:g} s; each speaks "
-          f"{args.steady_input} (drawn per turn), hears a reply of {args.steady_reply} in real "
+          f"{pattern.speech} (drawn per turn), hears a reply of {pattern.reply} in real "
           f"time, speaks again; {args.steady_seconds:g} s per level", flush=True)
     print(f"{'calls':>6} {'replies':>8} {'no audio':>9} {'first p50':>10} {'first p95':>10} "
           f"{'gapped':>7} {'silence p50':>12} {'talking':>8} {'audio/s':>8} {'prefilled p50':>14}",
           flush=True)
     done: list[Level] = []
-    for calls in sorted(set(levels)):
+    for calls in pattern.levels:
         engine.core.stats = LoopStats()
         started = time.monotonic()
         if calls == args.py_spy_level:
@@ -524,7 +526,7 @@ async def run_steady(engine: ReferenceEngine, levels: list[int], args) -> None:
         watchdog = StallWatchdog(engine)
         try:
             await asyncio.wait_for(asyncio.gather(*(
-                steady_caller(engine, calls, index, started, args, results, call_times)
+                steady_caller(engine, pattern, calls, index, started, args, results, call_times)
                 for index in range(calls))), timeout=limit)
             finished = True
         except asyncio.TimeoutError:  # the callers' replies are cancelled: the engine drops them
@@ -629,10 +631,10 @@ async def record_py_spy(args, seconds: int = 10) -> None:
 STEADY_LEVEL_LIMIT = 2.5     # a steady level taking longer than this × --steady-seconds is cut
 
 
-async def steady_caller(engine: ReferenceEngine, calls: int, index: int, started: float,
-                        args, results: list[dict], call_times: list[float]) -> None:
+async def steady_caller(engine: ReferenceEngine, pattern: CallPattern, calls: int, index: int,
+                        started: float, args, results: list[dict], call_times: list[float]) -> None:
     """One call: speak, hear the reply in real time, speak again, until the level's time is up;
-    each turn's speech and reply length are drawn from --steady-input / --steady-reply. Each
+    each turn's speech and reply length are drawn from the pattern's ranges. Each
     reply's numbers go to `results` as it ends, and the call's time (its start to the end of
     its last reply) to `call_times`."""
     await asyncio.sleep(args.stagger * index / max(calls - 1, 1))
@@ -643,7 +645,7 @@ async def steady_caller(engine: ReferenceEngine, calls: int, index: int, started
     try:
         while True:
             turn += 1
-            speech_s, reply_s = turn_lengths(args.steady_input, args.steady_reply, calls=calls,
+            speech_s, reply_s = turn_lengths(pattern.speech, pattern.reply, calls=calls,
                                              call=index, turn=turn, seed=args.steady_seed)
             await asyncio.sleep(speech_s)  # the caller is speaking
             if time.monotonic() - started > args.steady_seconds:
@@ -938,6 +940,10 @@ def main() -> None:
     parser.add_argument("--steady-reply", type=Seconds.parse, default=None, metavar="S or LOW-HIGH",
                         help="seconds of speech per steady reply, fixed or drawn from a range, "
                              "e.g. 1-10 (default: --audio-seconds)")
+    parser.add_argument("--steady-pattern", action="append", default=[], metavar="IN/REPLY[@LEVELS]",
+                        help="a call pattern to run after the start-up, repeatable, e.g. "
+                             "3/4@24,32 --steady-pattern 1-6/1-10@24,28 (levels default to "
+                             "--steady); replaces --steady-input/--steady-reply")
     parser.add_argument("--steady-seed", type=int, default=0, help="seed of the steady mix's draws")
     parser.add_argument("--profile-steps", action="store_true",
                         help="time every captured CUDA graph after start-up")
@@ -956,8 +962,15 @@ def main() -> None:
         args.device = "cpu"
         args.audio_seconds = min(args.audio_seconds, 2.0)
         args.context_tokens = min(args.context_tokens, 4096)
-    args.steady_input = args.steady_input or Seconds(args.input_seconds, args.input_seconds)
-    args.steady_reply = args.steady_reply or Seconds(args.audio_seconds, args.audio_seconds)
+    steady = tuple(levels_of(args.steady))
+    try:
+        args.steady_patterns = [CallPattern.parse(text, steady) for text in args.steady_pattern]
+    except ValueError as error:
+        parser.error(str(error))
+    if steady and not args.steady_patterns:
+        args.steady_patterns = [CallPattern(
+            args.steady_input or Seconds(args.input_seconds, args.input_seconds),
+            args.steady_reply or Seconds(args.audio_seconds, args.audio_seconds), steady)]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("transformers").setLevel(logging.ERROR)
     asyncio.run(run(args))

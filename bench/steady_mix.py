@@ -60,6 +60,34 @@ class Seconds:
         return f"{self.low:g} s" if self.low == self.high else f"{self.low:g}-{self.high:g} s"
 
 
+@dataclass(frozen=True)
+class CallPattern:
+    """One steady run's calls: each turn's speech and reply lengths, and the levels (calls at
+    once) to run them at. Written IN/REPLY@LEVELS, e.g. "1-6/1-10@24,28" (without @LEVELS the
+    bench's --steady levels), so one engine start can measure several call patterns."""
+
+    speech: Seconds
+    reply: Seconds
+    levels: tuple[int, ...]
+
+    @classmethod
+    def parse(cls, text: str, levels: tuple[int, ...] = ()) -> CallPattern:
+        lengths, at, named_levels = str(text).strip().partition("@")
+        speech, slash, reply = lengths.partition("/")
+        if not slash:
+            raise ValueError(f"{text!r}: IN/REPLY[@LEVELS], e.g. 3/4 or 1-6/1-10@24,28")
+        try:
+            levels = tuple(int(n) for n in named_levels.split(",")) if at else tuple(levels)
+        except ValueError:
+            raise ValueError(f"{text!r}: levels are call counts, e.g. @24,28") from None
+        if not levels or min(levels) < 1:
+            raise ValueError(f"{text!r}: no levels (give @LEVELS or --steady)")
+        return cls(Seconds.parse(speech), Seconds.parse(reply), tuple(sorted(set(levels))))
+
+    def __str__(self) -> str:
+        return f"{self.speech} in, {self.reply} replies"
+
+
 def turn_lengths(speech: Seconds, reply: Seconds, *, calls: int, call: int, turn: int,
                  seed: int = 0) -> tuple[float, float]:
     """One turn's (caller's speech, reply) seconds. The draw depends only on the seed, the

@@ -12,7 +12,7 @@ from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
 import steady_mix  # noqa: E402
-from steady_mix import Level, Seconds, steady_capacity, turn_lengths  # noqa: E402
+from steady_mix import CallPattern, Level, Seconds, steady_capacity, turn_lengths  # noqa: E402
 
 
 def reply(first=0.3, stall=0.0, audio=4.0) -> dict:
@@ -31,6 +31,15 @@ def test_seconds_parse_a_fixed_value_or_a_range():
     for bad in ("", "x", "6-1", "0", "-2", "1-", "1-inf"):
         with pytest.raises(ValueError):
             Seconds.parse(bad)
+
+
+def test_a_call_pattern_names_its_lengths_and_levels():
+    assert CallPattern.parse("1-6/1-10@28,24,28") == CallPattern(Seconds(1, 6), Seconds(1, 10), (24, 28))
+    assert CallPattern.parse("3/4", levels=(32, 24)) == CallPattern(Seconds(3, 3), Seconds(4, 4), (24, 32))
+    assert str(CallPattern.parse("2/8@20")) == "2 s in, 8 s replies"
+    for bad in ("3", "3/4", "3/4@", "3/4@x", "3/4@0", "3-/4@8", "3/0@8"):
+        with pytest.raises(ValueError):
+            CallPattern.parse(bad)
 
 
 def test_turn_lengths_are_reproducible_within_range_and_vary():
