@@ -117,6 +117,8 @@ VARIANTS = {
     "dit-bf16": dict(token2wav_dtype="bfloat16"),
     "talker-after": dict(talker_stream=False),  # the talker's step after the thinker's, one stream
     "bf16-weights": dict(int8_weights=False),   # the thinker's decode products in bfloat16
+    "loaded-steps-off": dict(loaded_ode_steps=0),  # 5 ODE steps whatever the load
+    "loaded-steps3": dict(loaded_ode_steps=3),     # 3 (8 DiT evaluations) under load
 }
 
 # Finished.timings entries on the path to the first audio, printed per level (medians)
@@ -712,9 +714,10 @@ def profile_steps(engine: ReferenceEngine, args) -> None:
     for (frames, batch), vocoder in sorted(runner.token2wav._vocoder_graphs.items()):
         costs["vocoder"][f"{frames}/{batch}"] = timed(vocoder.step)
     costs["audio encoder"] = audio_encoder_costs(engine, timed)
+    costs["ODE steps"] = ode_step_distances(runner.token2wav)
     print("\n== captured steps (ms, median of 20 replays)", flush=True)
     for name, table in costs.items():
-        print(f"{name:>8}: " + "  ".join(f"{key} {value:.1e}" if str(key).startswith("diff") else
+        print(f"{name:>8}: " + "  ".join(f"{key} {value:.1e}" if str(key).startswith(("diff", "mel_", "wave_")) else
                                          f"{key} {value:.2f}" for key, value in table.items()), flush=True)
     if args.costs_out:
         Path(args.costs_out).write_text(json.dumps(costs, indent=1))
@@ -754,6 +757,45 @@ def audio_encoder_costs(engine: ReferenceEngine, timed) -> dict:
         expected, got = transformers_encoder().float(), batched().float()
         costs[f"diff_{seconds}s"] = float((expected - got).abs().max() / expected.abs().max())
     return costs
+
+
+def ode_step_distances(token2wav, frames: int = 120, windows: int = 8, reference: int = 10) -> dict:
+    """How far fewer ODE steps move token2wav's output from transformers' 10, for `windows`
+    random code windows of `frames` mel frames from the same noise: per step count, the mel's
+    and the waveform's largest difference relative to the reference's largest value (`mel_`,
+    `wave_`) and the log-spectral distance of the waveforms in dB (`lsd_`: the RMS over
+    frequencies of the difference of the log power spectra, averaged over STFT frames)."""
+    from inference.engine.reference.token2wav_runner import mel_to_wave
+    from inference.engine.reference.token2wav_stream import MelWindow
+
+    generator = torch.Generator().manual_seed(0)
+    codebook = token2wav.dit.text_embed.codec_embed.num_embeddings - 1
+    speaker = next(iter(token2wav.speakers))
+    batch = [MelWindow(torch.randint(0, codebook, (frames // token2wav.shape.repeats,),
+                                     generator=generator).tolist(),
+                       torch.randn((1, frames, token2wav.shape.mel_dim), generator=generator)
+                       .to(token2wav.device), reference, speaker) for _ in range(windows)]
+
+    def audio(steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+        mel = torch.cat(token2wav._solve(batch, steps)).float()
+        return mel, mel_to_wave(token2wav.vocoder, mel, token2wav.min_level, token2wav.activation).float()
+
+    def log_power(wave: torch.Tensor) -> torch.Tensor:
+        spectrum = torch.stft(wave.reshape(windows, -1), n_fft=1024, hop_length=256,
+                              window=torch.hann_window(1024, device=wave.device), return_complex=True)
+        return 10 * torch.log10(spectrum.abs().square().clamp_min(1e-10))
+
+    with torch.inference_mode():
+        mel_ref, wave_ref = audio(reference)
+        power_ref = log_power(wave_ref)
+        distances = {}
+        for steps in (5, 4, 3):
+            mel, wave = audio(steps)
+            distances[f"mel_{steps}"] = float((mel - mel_ref).abs().max() / mel_ref.abs().max())
+            distances[f"wave_{steps}"] = float((wave - wave_ref).abs().max() / wave_ref.abs().max())
+            lsd = (log_power(wave) - power_ref).square().mean(dim=1).sqrt().mean()
+            distances[f"lsd_{steps}"] = float(lsd)
+    return distances
 
 
 def profile_qwen3_steps(engine: ReferenceEngine, timed, args) -> None:

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from inference.engine.reference import scheduler as policy  # noqa: E402
 from inference.engine.reference.core import token2wav_parts  # noqa: E402
+from inference.engine.reference.engine import LOADED_BATCH, LOADED_ODE_STEPS  # noqa: E402
 from inference.engine.reference.reply import Phase  # noqa: E402
 from inference.engine.reference.scheduler import Scheduler, SlotTable  # noqa: E402
 from inference.engine.reference.token2wav_stream import (  # noqa: E402
@@ -87,14 +88,15 @@ class Costs:
         return (ms + interpolate(self.vocoder, len(windows)) * vocoder_frames / 64) / 1000
 
 
-# bench/results/2026-12-02-h200-steady-run2a.log, "captured steps" (medians of 20 replays);
-# host time per step from the same run's loop lines at 16 calls; the vocoder with its fused
-# activations from 2026-12-03-h200-vocoder-kernel.log (the modules took 9.7, 21.2, 37.8, 74.3
-# and 144.1 ms at 1, 4, 8, 16 and 32 chunks)
-COSTS = Costs(thinker={1: 5.1, 16: 5.3, 32: 5.4}, talker={1: 2.0, 16: 2.1, 32: 2.15},
-              dit_eval={1: 1.5, 4: 1.8, 8: 2.4, 16: 3.8, 32: 6.6},
-              vocoder={1: 5.2, 16: 33.9, 32: 66.2},
-              prefill_ms=45.0, host_ms=1.5, host_ms_per_reply=0.05)
+# bench/results/2026-12-04-h200-steady-40-calls.log, "captured steps" (medians of 20 replays:
+# the thinker's int8 decode steps, the talker's, one DiT evaluation from the 5-step solves of
+# 96-frame windows, the vocoder with its fused activations at 64 frames); the prompt and the
+# host's time per step from the loop lines of 2026-12-04-h200-steady-audio-encoder-graphs.log
+COSTS = Costs(thinker={1: 3.33, 16: 3.53, 32: 4.46, 40: 4.71},
+              talker={1: 1.74, 16: 1.83, 32: 1.90, 40: 1.94},
+              dit_eval={1: 1.51, 4: 1.79, 8: 2.45, 16: 3.82, 32: 6.57},
+              vocoder={1: 5.19, 16: 33.9, 32: 66.2},
+              prefill_ms=35.0, host_ms=1.0, host_ms_per_reply=0.0)
 
 
 class SimReply:
@@ -242,7 +244,8 @@ def simulate(calls: int, args, costs: Costs, plan: ChunkPlan) -> dict:
         speaking = [] if in_flight else scheduler.token2wav_batch(now)
         if speaking:
             for part in token2wav_parts(speaking):  # as the engine loop launches them
-                windows = [r.audio.next_window(final=not r.audio.ready()) for r in part]
+                windows = [r.audio.next_window(final=not r.audio.ready(), batch=len(part))
+                           for r in part]
                 in_flight.append((part, windows,
                                   costs.token2wav([(w.steps, w.noise.shape[1]) for w in windows])))
             runs += 1
@@ -287,11 +290,15 @@ def main() -> None:
                         help="how fast a token2wav batch runs beside decode steps (share of alone)")
     parser.add_argument("--chunk-blocks", type=int, default=2)
     parser.add_argument("--ramp-chunks", type=int, default=2)
+    parser.add_argument("--loaded-ode-steps", type=int, default=LOADED_ODE_STEPS,
+                        help="a loaded token2wav batch's ODE steps (0: always 5)")
+    parser.add_argument("--loaded-batch", type=int, default=LOADED_BATCH)
     args = parser.parse_args()
     if args.urgent is not None:
         policy.URGENT_S = args.urgent
     plan = ChunkPlan(first_chunk_blocks=1, chunk_blocks=args.chunk_blocks,
-                     ramp_chunks=args.ramp_chunks, ode_steps=5, first_ode_steps=3)
+                     ramp_chunks=args.ramp_chunks, ode_steps=5, first_ode_steps=3,
+                     loaded_ode_steps=args.loaded_ode_steps or None, loaded_batch=args.loaded_batch)
     print(f"{'calls':>6} {'replies':>8} {'first p50':>10} {'first p95':>10} {'gapped':>7} "
           f"{'gap p50':>8} {'t2w runs/s':>11} {'rows/run':>9} {'decode':>7} {'t2w':>6} {'running':>8}")
     for calls in [int(n) for n in args.calls.split(",")]:

@@ -34,6 +34,7 @@ the graph for 8 with three padding rows.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import logging
 import time
@@ -45,8 +46,11 @@ import torch
 logger = logging.getLogger(__name__)
 
 
-# the streams `own_stream` has handed out and whose owners still hold them, by CUDA handle
+# the streams `own_stream` has handed out and whose owners still hold them, by CUDA handle;
+# emptied at exit, before the interpreter's teardown: clearing its weak references to torch's
+# stream objects there crashed the process on its way out (H200, 2026-12-04)
 _OWNED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+atexit.register(_OWNED.clear)
 
 
 def own_stream(device: torch.device, priority: int = 0, draw: Callable | None = None):

@@ -52,6 +52,10 @@ logger = logging.getLogger(__name__)
 # (ramp_chunks); an H200 at 24 steady calls: first audio p95 0.78 -> 0.60 s, replies with a
 # gap 61 -> 41 % (docs/reference-engine.md, "Measured"). A CPU's steps are too slow to ramp.
 ODE_STEPS, FIRST_ODE_STEPS = 5, 3
+# Under load (a token2wav batch of LOADED_BATCH replies or more) later chunks take 4 steps:
+# 12 DiT evaluations instead of 16, where the decode steps need the GPU most (cuda only; see
+# docs/reference-engine.md for the speed and the distance to 5 and 10 steps)
+LOADED_ODE_STEPS, LOADED_BATCH = 4, 6
 CHUNK_BLOCKS = 2
 
 
@@ -168,6 +172,9 @@ class ReferenceEngine(OmniEngine):
         on cuda where Triton is installed, else False; the same arithmetic within 1e-5).
       ode_steps: token2wav DiT ODE steps per chunk (default 5; transformers runs 10; fewer
         is faster and rougher).
+      loaded_ode_steps, loaded_batch: the ODE steps of the chunks after the first in a
+        token2wav batch of at least loaded_batch replies, i.e. on a busy engine (defaults 4
+        and 6 on cuda; 0: ode_steps whatever the load, the cpu default).
       first_chunk_blocks, chunk_blocks: audio chunk sizes in DiT blocks of 24 mel frames
         (0.24 s, 12 talker codes); the first chunk is small so audio starts early (defaults
         1 and 2).
@@ -253,6 +260,7 @@ class ReferenceEngine(OmniEngine):
                  chunk_blocks: int | None = None, lookahead_blocks: int = 1,
                  lookback_blocks: int = 2, first_lookahead_blocks: int | None = None,
                  first_ode_steps: int | None = None, ramp_chunks: int | None = None,
+                 loaded_ode_steps: int | None = None, loaded_batch: int = LOADED_BATCH,
                  quick_start_below: int | None = None, talker_ahead_chunks: int = AHEAD_CHUNKS,
                  cuda_graphs: bool | None = None, talker_stream: bool | None = None,
                  int8_weights: bool | None = None,
@@ -316,6 +324,8 @@ class ReferenceEngine(OmniEngine):
         first_ode_steps = FIRST_ODE_STEPS if first_ode_steps is None else first_ode_steps
         chunk_blocks = CHUNK_BLOCKS if chunk_blocks is None else chunk_blocks
         ramp_chunks = default_ramp_chunks(cuda) if ramp_chunks is None else ramp_chunks
+        if loaded_ode_steps is None:
+            loaded_ode_steps = LOADED_ODE_STEPS if cuda else 0
         self.settings = GenerationSettings(
             max_new_tokens=max_new_tokens, max_audio_seconds=max_audio_seconds,
             min_audio_seconds=min_audio_seconds, talker_sampling=self.family.talker_sampling,
@@ -323,7 +333,9 @@ class ReferenceEngine(OmniEngine):
             chunk_plan=ChunkPlan(first_chunk_blocks=first_chunk_blocks, chunk_blocks=chunk_blocks,
                                  lookahead_blocks=lookahead_blocks, lookback_blocks=lookback_blocks,
                                  ode_steps=ode_steps, first_lookahead_blocks=first_lookahead_blocks,
-                                 first_ode_steps=first_ode_steps, ramp_chunks=ramp_chunks),
+                                 first_ode_steps=first_ode_steps, ramp_chunks=ramp_chunks,
+                                 loaded_ode_steps=loaded_ode_steps or None,
+                                 loaded_batch=loaded_batch),
             code2wav_plan=Code2WavPlan(first_chunk_frames=code2wav_first_frames,
                                        chunk_frames=code2wav_chunk_frames, ramp_chunks=ramp_chunks,
                                        left_context_frames=code2wav_left_context))

@@ -259,7 +259,8 @@ class ModelRunner(DeviceRunner):
         """The replies' next chunks as one batch (DiT windows, then vocoder chunks) on
         token2wav's stream; the audio comes to the host later (`PendingWaves`)."""
         with self.token2wav.side_stream():
-            windows = [r.audio.next_window(final=not r.audio.ready()) for r in replies]
+            windows = [r.audio.next_window(final=not r.audio.ready(), batch=len(replies))
+                       for r in replies]
             mels = self.token2wav.sample(windows)
             return self.token2wav.vocode([r.audio.vocoder_input(mel) for r, mel in zip(replies, mels)])
 

@@ -178,6 +178,18 @@ class Token2WavRunner:
         solve = _WindowOde(self, longest, steps, len(windows), capture=False)
         return solve(windows)
 
+    def _ode_solves(self) -> set[tuple[int, int, int]]:
+        """(ODE steps, batch bucket, frames) of every solve the plans can ask for. A bucket
+        runs batches from the previous bucket's size + 1 to its own, and a batch's step counts
+        depend on its size only through a threshold (`ChunkPlan.loaded_batch`): the smallest
+        and the largest batch of each bucket between them ask for all it needs."""
+        block = self.shape.block
+        return {(steps, bucket, frames) for plan in self.plans
+                for smaller, bucket in zip((0, *self.buckets), self.buckets)
+                for batch in (smaller + 1, bucket)
+                for steps, lengths in plan.windows(block, batch=batch).items()
+                for frames in lengths}
+
     def _condition(self, speaker: dict) -> SpeakerCondition:
         cond = speaker["cond"].to(self.device, torch.float32).reshape(1, -1)
         dtype = self.dit.proj_out.weight.dtype
@@ -189,12 +201,9 @@ class Token2WavRunner:
     def _capture(self) -> None:
         started = time.monotonic()
         block = self.shape.block
-        windows = {(steps, frames) for plan in self.plans
-                   for steps, lengths in plan.windows(block).items() for frames in lengths}
-        for steps, frames in sorted(windows):
-            for batch in self.buckets:
-                self._ode_graphs[steps, batch, frames] = _WindowOde(self, frames, steps, batch,
-                                                                    capture=True)
+        for steps, batch, frames in sorted(self._ode_solves()):
+            self._ode_graphs[steps, batch, frames] = _WindowOde(self, frames, steps, batch,
+                                                                capture=True)
         for length in sorted({length for plan in self.plans for length in plan.vocoder_lengths(block)}):
             for batch in self.buckets:
                 self._vocoder_graphs[length, batch] = _Vocoder(self, length, batch)

@@ -50,6 +50,12 @@ class ChunkPlan:
     sway_coefficient: float = -1.0
     first_lookahead_blocks: int | None = None  # None: lookahead_blocks
     first_ode_steps: int | None = None         # None: ode_steps
+    # under load: the chunks after the first of a token2wav batch of at least `loaded_batch`
+    # replies are solved in `loaded_ode_steps` (None: ode_steps, whatever the load). A DiT
+    # window costs about as much for one reply as for several, so a big batch means a busy
+    # GPU, and there 4 steps (12 evaluations) instead of 5 (16) leave the decode steps more
+    loaded_ode_steps: int | None = None
+    loaded_batch: int = 6
     # chunks after the first that are as small as the first, while the listener's buffer
     # builds up: a chunk of chunk_blocks needs that many blocks of codes more before it exists
     ramp_chunks: int = 0
@@ -60,8 +66,10 @@ class ChunkPlan:
         if (self.lookahead_blocks < 0 or self.lookback_blocks < 0 or self.vocoder_context < 0
                 or (self.first_lookahead_blocks or 0) < 0):
             raise ValueError("look-ahead, look-back and vocoder context cannot be negative")
-        if self.ode_steps < 2 or (self.first_ode_steps is not None and self.first_ode_steps < 2):
-            raise ValueError("ode_steps must be at least 2")
+        if min(self.ode_steps, self.first_ode_steps or 2, self.loaded_ode_steps or 2) < 2:
+            raise ValueError("ODE steps must be at least 2")
+        if self.loaded_batch < 1:
+            raise ValueError("loaded_batch must be at least 1")
         if self.ramp_chunks < 0:
             raise ValueError("ramp_chunks cannot be negative")
 
@@ -78,20 +86,25 @@ class ChunkPlan:
         first = self.first_lookahead_blocks
         return (first if chunk == 0 and first is not None else self.lookahead_blocks) * block
 
-    def steps_for(self, chunk: int) -> int:
-        return self.first_ode_steps if chunk == 0 and self.first_ode_steps else self.ode_steps
+    def steps_for(self, chunk: int, batch: int = 1) -> int:
+        """ODE steps of a reply's chunk `chunk` made in a token2wav batch of `batch` replies."""
+        if chunk == 0 and self.first_ode_steps:
+            return self.first_ode_steps
+        if self.loaded_ode_steps and batch >= self.loaded_batch:
+            return self.loaded_ode_steps
+        return self.ode_steps
 
-    def windows(self, block: int) -> dict[int, list[int]]:
-        """DiT window lengths (mel frames) a reply's full chunks need, by ODE step count: the
-        first chunks', after which they repeat (a final partial chunk is never longer than
-        the longest of them)."""
+    def windows(self, block: int, batch: int = 1) -> dict[int, list[int]]:
+        """DiT window lengths (mel frames) a reply's full chunks need in a batch of `batch`
+        replies, by ODE step count: the first chunks', after which they repeat (a final
+        partial chunk is never longer than the longest of them)."""
         sizes: dict[int, set[int]] = {}
         start = 0
         for chunk in range(self.ramp_chunks + 3):
             frames = self.chunk_frames(chunk, block)
             window = (min(start, self.lookback_blocks * block) + frames
                       + self.lookahead_frames(chunk, block))
-            sizes.setdefault(self.steps_for(chunk), set()).add(window)
+            sizes.setdefault(self.steps_for(chunk, batch), set()).add(window)
             start += frames
         return {steps: sorted(lengths) for steps, lengths in sizes.items()}
 
@@ -194,9 +207,10 @@ class StreamingToken2Wav:
         """Codes not yet turned into audio (for the flush once the codes are complete)."""
         return self.next_frame < self.frames
 
-    def next_window(self, final: bool = False) -> MelWindow:
+    def next_window(self, final: bool = False, batch: int = 1) -> MelWindow:
         """The ODE solve for the next chunk (when `ready()`), or with `final` for all the
-        remaining codes (when `has_rest()`; the reply's codes are complete)."""
+        remaining codes (when `has_rest()`; the reply's codes are complete), made in a
+        token2wav batch of `batch` replies (its ODE steps may depend on it)."""
         if final:
             end = window_end = self.frames
         else:
@@ -211,8 +225,8 @@ class StreamingToken2Wav:
         repeats = self.shape.repeats
         self._pending = (start, end, window_start, final)
         return MelWindow(self.codes[window_start // repeats:window_end // repeats],
-                         self.noise[:, window_start:window_end], self.plan.steps_for(self.chunks),
-                         self.speaker)
+                         self.noise[:, window_start:window_end],
+                         self.plan.steps_for(self.chunks, batch), self.speaker)
 
     def vocoder_input(self, mel: torch.Tensor) -> torch.Tensor:
         """The window's mel (1, mel_dim, frames) → the vocoder's input for exactly the chunk:

@@ -26,6 +26,7 @@ from inference.engine import (
 )
 from inference.engine.reference.audio_encoder import encode_audio
 from inference.engine.reference.core import LoopStats
+from inference.engine.reference.cuda_graphs import bucket_for
 from inference.engine.reference.engine import size_kv
 from inference.engine.reference.detokenize import IncrementalDecoder
 from inference.engine.reference.prompt import audio_features, build_messages, build_prompt
@@ -659,6 +660,42 @@ def test_chunks_ramp_up_to_their_size_and_graphs_cover_every_window():
     assert vocoder_mel.shape[2] == max(plan.vocoder_lengths(24)) == 88
     assert 0 < rest < 88 - plan.vocoder_context
     assert len(stream.take_audio(torch.zeros(240 * 88))) == rest * 240
+
+
+def test_a_loaded_batch_makes_its_later_chunks_in_fewer_ode_steps(engine):
+    """loaded_ode_steps: in a token2wav batch of at least loaded_batch replies, chunks after
+    the first are solved in fewer steps (a busy GPU); a first chunk keeps its own, a smaller
+    batch the plan's; and the captured solves cover every batch size's step counts and
+    windows (a bucket holds batches below and above the threshold)."""
+    plan = ChunkPlan(first_chunk_blocks=1, chunk_blocks=2, ramp_chunks=2, ode_steps=5,
+                     first_ode_steps=3, loaded_ode_steps=4, loaded_batch=6)
+    assert [plan.steps_for(chunk, batch) for chunk, batch in
+            ((0, 1), (0, 40), (3, 5), (3, 6), (3, 40))] == [3, 3, 5, 4, 4]
+    assert plan.windows(24, batch=5) == {3: [48], 5: [72, 96, 120]}
+    assert plan.windows(24, batch=6) == {3: [48], 4: [72, 96, 120]}
+    assert ChunkPlan(ode_steps=5).steps_for(3, 40) == 5  # off unless asked for
+    shape = Token2WavShape(block=24, repeats=2, samples_per_frame=240, mel_dim=8)
+    stream = StreamingToken2Wav(shape, "Ethan", plan, torch.Generator().manual_seed(0),
+                                torch.device("cpu"))
+    steps = []
+    for code in range(100):
+        stream.push([code])
+        while stream.ready():
+            window = stream.next_window(batch=6 if len(steps) % 2 else 2)
+            steps.append(window.steps)
+            stream.vocoder_input(torch.zeros(1, 8, window.noise.shape[1]))
+            stream.take_audio(torch.zeros(240 * 200))
+    assert steps[:5] == [3, 4, 5, 4, 5]
+    model = engine.loaded.model
+    runner = Token2WavRunner(model.token2wav, model.speaker_map, plan, torch.device("cpu"),
+                             max_batch=32)
+    solves = runner._ode_solves()
+    for batch in range(1, 33):
+        bucket = bucket_for(batch, runner.buckets)
+        for chunk_steps, lengths in plan.windows(24, batch=batch).items():
+            assert {(chunk_steps, bucket, frames) for frames in lengths} <= solves, batch
+    # only what is needed: 4-step solves for the buckets that hold loaded batches alone
+    assert {b for s, b, _ in solves if s == 4} == {8, 16, 32}
 
 
 # --------------------------------------------------------------------------- the engine loop
