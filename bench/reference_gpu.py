@@ -118,7 +118,7 @@ VARIANTS = {
     "talker-after": dict(talker_stream=False),  # the talker's step after the thinker's, one stream
     "bf16-weights": dict(int8_weights=False),   # the thinker's decode products in bfloat16
     "loaded-steps-off": dict(loaded_ode_steps=0),  # 5 ODE steps whatever the load
-    "loaded-steps3": dict(loaded_ode_steps=3),     # 3 (8 DiT evaluations) under load
+    "loaded-steps4": dict(loaded_ode_steps=4),     # 4 (12 DiT evaluations) under load, not 3
 }
 
 # Finished.timings entries on the path to the first audio, printed per level (medians)

@@ -3,7 +3,7 @@
 The engine's `Scheduler` (inference/engine/reference/scheduler.py) and its chunking
 (`ChunkPlan`, `StreamingToken2Wav`) run here unchanged over stand-in replies whose steps cost
 what a cost model says (defaults: one H200, Qwen2.5-Omni-7B shapes, compiled steps in CUDA
-graphs, measured 2026-12-02: see COSTS and docs/reference-engine.md), on a simulated clock,
+graphs, measured 2026-12-04: see COSTS and docs/reference-engine.md), on a simulated clock,
 the way the engine loop runs them: decode steps one after another, and a token2wav batch in
 flight beside them (at most one), which progresses at `--side-share` of the GPU's speed while
 decode steps run and at full speed while the loop has nothing to decode. Each caller speaks,

@@ -50,14 +50,14 @@ def kv_slots_for(sessions: int) -> int:
 
 # (GPU name as torch reports it, model family) → the calls it carries gap-free, random weights at
 # the published shapes (Qwen2.5-Omni-7B; Qwen3-Omni-30B-A3B). Where several call patterns were
-# measured, the figure is the lowest: with the int8 weights and the talker's stream (2026-12-04)
-# Qwen2.5-Omni carries 24 calls of 3 s in / 4 s replies, 24 of 2 s in / 8 s replies and 20 of a
-# 1-6 s in / 1-10 s mix (its 24-call level did not run); Qwen3-Omni was measured at 3 s in / 4 s
-# replies only.
+# measured, the figure is the lowest: with 3 ODE steps under load (2026-12-04) Qwen2.5-Omni
+# carries 40 calls of 3 s in / 4 s replies, 40 of a 1-6 s in / 1-10 s mix and 32 of 2 s in /
+# 8 s replies (its 40-call level did not run); Qwen3-Omni was measured at 3 s in / 4 s replies
+# only. A source names the run's log and, where the log holds several patterns, the pattern.
 MEASURED: dict[tuple[str, str], Capacity] = {
     ("NVIDIA H200", "qwen2.5-omni"): Capacity(
-        20, "measured on an NVIDIA H200 at Qwen2.5-Omni-7B's shapes, 1-6 s in / 1-10 s replies: "
-            "bench/results/2026-12-04-h200-steady-mix-defaults.log"),
+        32, "measured on an NVIDIA H200 at Qwen2.5-Omni-7B's shapes, 2 s in / 8 s replies: "
+            "bench/results/2026-12-04-h200-loaded-ode-steps3.log"),
     ("NVIDIA H200", "qwen3-omni"): Capacity(
         24, "measured on an NVIDIA H200 at Qwen3-Omni-30B-A3B's shapes, 3 s in / 4 s replies: "
             "bench/results/2026-12-03-h200-qwen3-omni-run6.log"),

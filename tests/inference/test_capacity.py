@@ -37,15 +37,29 @@ def carried_calls(log: str) -> int:
     return calls
 
 
+def pattern_section(log: str, source: str) -> str:
+    """The part of a run's log that measured the call pattern a source names ("2 s in / 8 s
+    replies"): a run may measure several patterns (--steady-pattern), each under a header of
+    its own; a run of one pattern is all of it."""
+    sections = log.split("\n== steady state:")
+    if len(sections) <= 2:
+        return log
+    speech, reply = re.search(r"([\d.-]+ s) in / ([\d.-]+ s) replies", source).groups()
+    named = [s for s in sections[1:] if f"each speaks {speech} (drawn per turn), hears a reply of {reply}" in s]
+    assert len(named) == 1, source
+    return named[0]
+
+
 def test_measured_rows_name_committed_runs():
     for (gpu, family), row in MEASURED.items():
         runs = re.findall(r"bench/results/\S+\.log", row.source)
         assert runs and all((REPO / run).is_file() for run in runs), row
-        # the run's levels carried that many steady calls, and its summary (if it got that
-        # far) says so
+        # the run's levels of the pattern named carried that many steady calls, and its
+        # summary (if it got that far) says so
         text = (REPO / runs[0]).read_text()
-        assert carried_calls(text) == row.calls, row
-        summary = re.search(r"calls per GPU \(steady, gap-free\): (\d+)", text)
+        section = pattern_section(text, row.source)
+        assert carried_calls(section) == row.calls, row
+        summary = re.search(r"calls per GPU \(steady, gap-free\): (\d+)", section)
         assert summary is None or int(summary[1]) == row.calls, row
         assert gpu in text
 
@@ -62,7 +76,7 @@ def test_the_levels_rule_reads_the_printed_rows():
 
 
 def test_the_gpu_and_family_pick_the_row():
-    assert capacity_for("reference", "cuda", "NVIDIA H200", "qwen2.5-omni").calls == 20
+    assert capacity_for("reference", "cuda", "NVIDIA H200", "qwen2.5-omni").calls == 32
     assert capacity_for("reference", "cuda:1", "NVIDIA H200", "qwen3-omni").calls == 24
     assert capacity_for("reference", "cuda", "NVIDIA H200 NVL", "qwen2.5-omni") is UNKNOWN_GPU
     assert capacity_for("reference", "cuda", "NVIDIA L4", "qwen3-omni") is UNKNOWN_GPU

@@ -47,8 +47,10 @@ logger = logging.getLogger(__name__)
 
 
 # the streams `own_stream` has handed out and whose owners still hold them, by CUDA handle;
-# emptied at exit, before the interpreter's teardown: clearing its weak references to torch's
-# stream objects there crashed the process on its way out (H200, 2026-12-04)
+# emptied at exit, before the interpreter's teardown: one bench process crashed on its way out
+# in `_PyWeakref_ClearRef` (H200, 2026-12-04); the cause is not proven (a process holding
+# only owned streams exited cleanly without this), but weak references to torch's stream
+# objects need not outlive the program
 _OWNED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 atexit.register(_OWNED.clear)
 

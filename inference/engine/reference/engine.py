@@ -52,10 +52,12 @@ logger = logging.getLogger(__name__)
 # (ramp_chunks); an H200 at 24 steady calls: first audio p95 0.78 -> 0.60 s, replies with a
 # gap 61 -> 41 % (docs/reference-engine.md, "Measured"). A CPU's steps are too slow to ramp.
 ODE_STEPS, FIRST_ODE_STEPS = 5, 3
-# Under load (a token2wav batch of LOADED_BATCH replies or more) later chunks take 4 steps:
-# 12 DiT evaluations instead of 16, where the decode steps need the GPU most (cuda only; see
-# docs/reference-engine.md for the speed and the distance to 5 and 10 steps)
-LOADED_ODE_STEPS, LOADED_BATCH = 4, 6
+# Under load (a token2wav batch of LOADED_BATCH replies or more) later chunks take 3 ODE steps,
+# as every first chunk does: 8 DiT evaluations instead of 16, where the decode steps need the
+# GPU most (cuda only). An H200 then carried 40 steady calls at 3 s in / 4 s replies, 32 at
+# 2 s / 8 s and 40 of a 1-6 s / 1-10 s mix, against 32, 24 and 28 with 5 steps
+# (docs/reference-engine.md, "Fewer DiT evaluations under load").
+LOADED_ODE_STEPS, LOADED_BATCH = 3, 6
 CHUNK_BLOCKS = 2
 
 
@@ -173,7 +175,7 @@ class ReferenceEngine(OmniEngine):
       ode_steps: token2wav DiT ODE steps per chunk (default 5; transformers runs 10; fewer
         is faster and rougher).
       loaded_ode_steps, loaded_batch: the ODE steps of the chunks after the first in a
-        token2wav batch of at least loaded_batch replies, i.e. on a busy engine (defaults 4
+        token2wav batch of at least loaded_batch replies, i.e. on a busy engine (defaults 3
         and 6 on cuda; 0: ode_steps whatever the load, the cpu default).
       first_chunk_blocks, chunk_blocks: audio chunk sizes in DiT blocks of 24 mel frames
         (0.24 s, 12 talker codes); the first chunk is small so audio starts early (defaults

@@ -51,9 +51,9 @@ class ChunkPlan:
     first_lookahead_blocks: int | None = None  # None: lookahead_blocks
     first_ode_steps: int | None = None         # None: ode_steps
     # under load: the chunks after the first of a token2wav batch of at least `loaded_batch`
-    # replies are solved in `loaded_ode_steps` (None: ode_steps, whatever the load). A DiT
-    # window costs about as much for one reply as for several, so a big batch means a busy
-    # GPU, and there 4 steps (12 evaluations) instead of 5 (16) leave the decode steps more
+    # replies are solved in `loaded_ode_steps` (None: ode_steps, whatever the load). Chunks
+    # batch up when the GPU is busy, and there fewer DiT evaluations leave the decode steps
+    # more of it
     loaded_ode_steps: int | None = None
     loaded_batch: int = 6
     # chunks after the first that are as small as the first, while the listener's buffer
