@@ -11,6 +11,8 @@ cache at work). On a CPU, `--tiny` runs the same path on tiny-random.
     python bench/reference_gpu.py --sessions 1 --repeats 3 --steady 16,24,32 --conversation 30
     python bench/reference_gpu.py --sessions none --conversation 0 --steady 8,12,16,20,24 \
         --steady-input 1-6 --steady-reply 1-10             # GPU: a real call mix
+    python bench/reference_gpu.py --sessions none --conversation 0 --steady-seconds 25 \
+        --steady-pattern 3/4@32,40 --steady-pattern 1-6/1-10@32,40 --steady-pattern 2/8@28,32
     python bench/reference_gpu.py --tiny                 # CPU: 1 and 4 sessions, 10 turns
 
 Per level it prints first audio p50/p95, the silence a listener playing each packet on
@@ -26,7 +28,8 @@ in at the end of its speech), hears the reply in real time, then speaks again, f
 at work). How long a caller speaks and how long each reply is are `--steady-input` and
 `--steady-reply`: a fixed value (default `--input-seconds` and `--audio-seconds`) or a range,
 e.g. `--steady-input 1-6 --steady-reply 1-10`, drawn per turn from `--steady-seed` (the same
-mix on every run). Per level: replies with no audio, first audio p50/p95, the share of
+mix on every run). `--steady-pattern IN/REPLY@LEVELS` (repeatable) runs several such patterns
+one after another on one engine, each with its own levels and closing lines. Per level: replies with no audio, first audio p50/p95, the share of
 replies whose listener hears more than 0.1 s of silence after the first packet or no audio at
 all (and that silence's p50), the share of the calls' time the agent talks, the audio seconds
 made per wall second, and what the engine loop did (decode step and token2wav run times,

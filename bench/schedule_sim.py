@@ -298,7 +298,7 @@ def main() -> None:
         policy.URGENT_S = args.urgent
     plan = ChunkPlan(first_chunk_blocks=1, chunk_blocks=args.chunk_blocks,
                      ramp_chunks=args.ramp_chunks, ode_steps=5, first_ode_steps=3,
-                     loaded_ode_steps=args.loaded_ode_steps or None, loaded_batch=args.loaded_batch)
+                     loaded_ode_steps=args.loaded_ode_steps, loaded_batch=args.loaded_batch)
     print(f"{'calls':>6} {'replies':>8} {'first p50':>10} {'first p95':>10} {'gapped':>7} "
           f"{'gap p50':>8} {'t2w runs/s':>11} {'rows/run':>9} {'decode':>7} {'t2w':>6} {'running':>8}")
     for calls in [int(n) for n in args.calls.split(",")]:

@@ -336,8 +336,7 @@ class ReferenceEngine(OmniEngine):
                                  lookahead_blocks=lookahead_blocks, lookback_blocks=lookback_blocks,
                                  ode_steps=ode_steps, first_lookahead_blocks=first_lookahead_blocks,
                                  first_ode_steps=first_ode_steps, ramp_chunks=ramp_chunks,
-                                 loaded_ode_steps=loaded_ode_steps or None,
-                                 loaded_batch=loaded_batch),
+                                 loaded_ode_steps=loaded_ode_steps, loaded_batch=loaded_batch),
             code2wav_plan=Code2WavPlan(first_chunk_frames=code2wav_first_frames,
                                        chunk_frames=code2wav_chunk_frames, ramp_chunks=ramp_chunks,
                                        left_context_frames=code2wav_left_context))

@@ -51,7 +51,7 @@ class ChunkPlan:
     first_lookahead_blocks: int | None = None  # None: lookahead_blocks
     first_ode_steps: int | None = None         # None: ode_steps
     # under load: the chunks after the first of a token2wav batch of at least `loaded_batch`
-    # replies are solved in `loaded_ode_steps` (None: ode_steps, whatever the load). Chunks
+    # replies are solved in `loaded_ode_steps` (None or 0: ode_steps, whatever the load). Chunks
     # batch up when the GPU is busy, and there fewer DiT evaluations leave the decode steps
     # more of it
     loaded_ode_steps: int | None = None
