@@ -52,7 +52,7 @@ def kv_slots_for(sessions: int) -> int:
 # the published shapes (Qwen2.5-Omni-7B; Qwen3-Omni-30B-A3B). Where several call patterns were
 # measured, the figure is the lowest: with 3 ODE steps under load (2026-12-04) Qwen2.5-Omni
 # carries 40 calls of 3 s in / 4 s replies, 40 of a 1-6 s in / 1-10 s mix and 32 of 2 s in /
-# 8 s replies (its 40-call level did not run); Qwen3-Omni was measured at 3 s in / 4 s replies
+# 8 s replies (36: 12 % of replies gapped); Qwen3-Omni was measured at 3 s in / 4 s replies
 # only. A source names the run's log and, where the log holds several patterns, the pattern.
 MEASURED: dict[tuple[str, str], Capacity] = {
     ("NVIDIA H200", "qwen2.5-omni"): Capacity(
