@@ -629,6 +629,23 @@ def test_first_chunk_can_skip_its_lookahead(engine):
     assert plan.vocoder_lengths(24) == [24, 88]
 
 
+def stream_chunks(plan: ChunkPlan, codes: int, batch=lambda made: 1):
+    """A stream (8 mel bins) fed `codes` codes one by one, each chunk made as soon as it is
+    ready, in a token2wav batch of `batch(chunks made so far)` replies: (stream, windows)."""
+    shape = Token2WavShape(block=24, repeats=2, samples_per_frame=240, mel_dim=8)
+    stream = StreamingToken2Wav(shape, "Ethan", plan, torch.Generator().manual_seed(0),
+                                torch.device("cpu"))
+    windows = []
+    for code in range(codes):
+        stream.push([code])
+        while stream.ready():
+            window = stream.next_window(batch=batch(len(windows)))
+            windows.append(window)
+            stream.vocoder_input(torch.zeros(1, 8, window.noise.shape[1]))
+            stream.take_audio(torch.zeros(240 * 200))
+    return stream, windows
+
+
 def test_chunks_ramp_up_to_their_size_and_graphs_cover_every_window():
     """ramp_chunks: the chunks after the first stay one block while the listener's buffer
     builds up, then grow to chunk_blocks; the windows the graphs are captured for are every
@@ -638,17 +655,8 @@ def test_chunks_ramp_up_to_their_size_and_graphs_cover_every_window():
     assert [plan.chunk_frames(chunk, 24) // 24 for chunk in range(6)] == [1, 1, 1, 2, 2, 2]
     # first: 1 block + 1 ahead; then 1 or 2 blocks behind + the chunk + 1 ahead
     assert plan.windows(24) == {3: [48], 5: [72, 96, 120]}
-    shape = Token2WavShape(block=24, repeats=2, samples_per_frame=240, mel_dim=8)
-    stream = StreamingToken2Wav(shape, "Ethan", plan, torch.Generator().manual_seed(0),
-                                torch.device("cpu"))
-    seen = []
-    for code in range(200):
-        stream.push([code])
-        while stream.ready():
-            window = stream.next_window()
-            seen.append((window.steps, window.noise.shape[1]))
-            stream.vocoder_input(torch.zeros(1, 8, window.noise.shape[1]))
-            stream.take_audio(torch.zeros(240 * 200))
+    stream, windows = stream_chunks(plan, 200)
+    seen = [(window.steps, window.noise.shape[1]) for window in windows]
     assert seen[:5] == [(3, 48), (5, 72), (5, 96), (5, 120), (5, 120)]
     rest = stream.frames - stream.next_frame
     # what the scheduler's talker limit reads: codes not yet audio, and a 2-block chunk's needs
@@ -674,18 +682,8 @@ def test_a_loaded_batch_makes_its_later_chunks_in_fewer_ode_steps(engine):
     assert plan.windows(24, batch=5) == {3: [48], 5: [72, 96, 120]}
     assert plan.windows(24, batch=6) == {3: [48], 4: [72, 96, 120]}
     assert ChunkPlan(ode_steps=5).steps_for(3, 40) == 5  # off unless asked for
-    shape = Token2WavShape(block=24, repeats=2, samples_per_frame=240, mel_dim=8)
-    stream = StreamingToken2Wav(shape, "Ethan", plan, torch.Generator().manual_seed(0),
-                                torch.device("cpu"))
-    steps = []
-    for code in range(100):
-        stream.push([code])
-        while stream.ready():
-            window = stream.next_window(batch=6 if len(steps) % 2 else 2)
-            steps.append(window.steps)
-            stream.vocoder_input(torch.zeros(1, 8, window.noise.shape[1]))
-            stream.take_audio(torch.zeros(240 * 200))
-    assert steps[:5] == [3, 4, 5, 4, 5]
+    _, windows = stream_chunks(plan, 100, batch=lambda made: 6 if made % 2 else 2)
+    assert [window.steps for window in windows][:5] == [3, 4, 5, 4, 5]
     model = engine.loaded.model
     runner = Token2WavRunner(model.token2wav, model.speaker_map, plan, torch.device("cpu"),
                              max_batch=32)
