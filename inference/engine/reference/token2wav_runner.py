@@ -45,7 +45,7 @@ import torch
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
 
 from .compiled import compile_step, dit_block, mark_dynamic
-from .cuda_graphs import CapturedStep, batch_buckets, bucket_for, own_stream
+from .cuda_graphs import CapturedStep, bucket_for, fine_batch_buckets, own_stream
 from .token2wav_stream import ChunkPlan, MelWindow, Token2WavShape
 
 logger = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ class Token2WavRunner:
             mel_dim=self.dit.mel_dim)
         self._ode_graphs: dict[tuple[int, int, int], _WindowOde] = {}  # (ODE steps, batch, frames)
         self._vocoder_graphs: dict[tuple[int, int], _Vocoder] = {}  # by (mel frames, batch)
-        self.buckets = batch_buckets(max_batch)
+        self.buckets = fine_batch_buckets(max_batch)  # its cost grows with every row
         # one DiT evaluation; compiled only where its shapes are fixed (the captured solves):
         # an eager solve of an unusual window must not trigger a compile while serving
         self.evaluate = dit_velocity(self.dit, plan.guidance_scale)

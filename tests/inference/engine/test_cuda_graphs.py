@@ -1,6 +1,7 @@
 """The engine's streams: torch's pool hands streams out round robin, so a stream drawn late can
 be one drawn early; `own_stream` never hands out one a live owner holds (a shared capture
-stream hung an H200's device). Runs on a fake pool: no GPU is needed for the rule."""
+stream hung an H200's device). Runs on a fake pool: no GPU is needed for the rule. And the
+batch buckets graphs are captured for."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import itertools
 
 import pytest
 
-from inference.engine.reference.cuda_graphs import own_stream
+from inference.engine.reference.cuda_graphs import (batch_buckets, bucket_for, fine_batch_buckets,
+                                                    own_stream)
 
 
 class FakeStream:
@@ -61,3 +63,16 @@ def test_streams_held_only_by_garbage_in_a_reference_cycle_are_freed_when_needed
     handle = runner.stream.cuda_stream
     del runner  # unreachable, but alive until the cycle collector runs
     assert own_stream("cuda", draw=draw).cuda_stream == handle
+
+
+@pytest.mark.parametrize("largest", [1, 3, 8, 40, 64, 100])
+def test_token2wav_buckets_pad_a_batch_by_at_most_a_third(largest):
+    """Token2wav's cost grows with every row, so its buckets are closer than the decode steps'
+    powers of two, whose batch of 9 runs as 16 (token2wav's as 10)."""
+    fine, coarse = fine_batch_buckets(largest), batch_buckets(largest)
+    assert fine == sorted(set(fine)) and fine[-1] == coarse[-1] == largest
+    for batch in range(1, largest + 1):
+        assert bucket_for(batch, fine) - batch <= batch / 3, batch
+    assert bucket_for(largest + 1, fine) is None
+    if largest >= 16:
+        assert bucket_for(9, coarse) == 16 and bucket_for(9, fine) == 10

@@ -692,8 +692,8 @@ def test_a_loaded_batch_makes_its_later_chunks_in_fewer_ode_steps(engine):
         bucket = bucket_for(batch, runner.buckets)
         for chunk_steps, lengths in plan.windows(24, batch=batch).items():
             assert {(chunk_steps, bucket, frames) for frames in lengths} <= solves, batch
-    # only what is needed: 4-step solves for the buckets that hold loaded batches alone
-    assert {b for s, b, _ in solves if s == 4} == {8, 16, 32}
+    # only what is needed: 4-step solves for the buckets that hold loaded batches
+    assert {b for s, b, _ in solves if s == 4} == {b for b in runner.buckets if b >= 6}
 
 
 # --------------------------------------------------------------------------- the engine loop
