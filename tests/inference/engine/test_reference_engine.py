@@ -460,7 +460,19 @@ class EagerGraph:
 
 
 class EagerToken2WavGraph(EagerGraph):
+    """Token2wav's graphs share one memory pool: a replay of any of them may overwrite what
+    another's replay returned. The stand-in makes that certain (the last outputs become NaN),
+    so a caller that keeps an output past the next replay hears NaN."""
+
     kind = "token2wav"
+    last_output: torch.Tensor | None = None
+
+    def replay(self):
+        if EagerToken2WavGraph.last_output is not None:
+            with torch.inference_mode():
+                EagerToken2WavGraph.last_output.fill_(float("nan"))
+        output = EagerToken2WavGraph.last_output = self.function()
+        return output
 
 
 @asyncio_module
@@ -468,8 +480,8 @@ class EagerToken2WavGraph(EagerGraph):
 async def test_the_graph_path_gives_the_eager_replies(greedy, codes_by_request, monkeypatch,
                                                       compiled, tmp_path):
     """The CUDA-graph path's logic on the CPU (static buffers per batch bucket, padding rows,
-    attention windows, batched DiT and vocoder buffers), every "graph" replayed eagerly, gives
-    the eager path's replies; and so it does with the decoder layers and DiT blocks compiled
+    attention windows, batched DiT and vocoder buffers, token2wav's outputs copied before the
+    next replay), every "graph" replayed eagerly, gives the eager path's replies; and so it does with the decoder layers and DiT blocks compiled
     (inductor, here for the CPU: what the GPU runs but the kernels; whole graphs, so a graph
     break in a new transformers fails here). Windows are small so decoding crosses from one
     to the next."""
@@ -479,6 +491,7 @@ async def test_the_graph_path_gives_the_eager_replies(greedy, codes_by_request, 
     monkeypatch.setattr(cuda_graphs, "CapturedStep", EagerGraph)
     monkeypatch.setattr(token2wav_runner, "CapturedStep", EagerToken2WavGraph)
     monkeypatch.setattr(EagerGraph, "captured", [])
+    monkeypatch.setattr(EagerToken2WavGraph, "last_output", None)
     # a CPU runner has no CUDA streams: its capture stream gets a stand-in, set where its
     # graphs (the ODE's and the vocoder's) are made, to see that they are captured on it
     capture_stream = object()
@@ -514,6 +527,27 @@ async def test_the_graph_path_gives_the_eager_replies(greedy, codes_by_request, 
     finally:
         graphed.loaded = None
         await graphed.close()
+
+
+def test_a_token2wav_batch_of_two_vocoder_lengths_keeps_both_outputs(engine, monkeypatch):
+    """A batch whose chunks have two lengths (a reply's first beside another's steady one)
+    replays two vocoder graphs before its audio is joined; token2wav's graphs share one
+    memory pool, so the first graph's audio must be copied before the second replays."""
+    from inference.engine.reference import token2wav_runner
+
+    monkeypatch.setattr(token2wav_runner, "CapturedStep", EagerToken2WavGraph)
+    monkeypatch.setattr(EagerToken2WavGraph, "last_output", None)
+    model = engine.loaded.model
+    plan = ChunkPlan(first_chunk_blocks=1, chunk_blocks=2, ode_steps=2, first_ode_steps=2)
+    eager, graphed = (Token2WavRunner(model.token2wav, model.speaker_map, plan, torch.device("cpu"),
+                                      cuda_graphs=graphs, max_batch=2) for graphs in (False, True))
+    lengths = sorted({frames for frames, _ in graphed.graphed["vocoder"]})
+    mels = [torch.randn(1, graphed.shape.mel_dim, frames, generator=torch.Generator().manual_seed(frames))
+            for frames in (lengths[0], lengths[-1])]
+    with torch.inference_mode():
+        expected, got = eager.vocode(mels).waves(), graphed.vocode(mels).waves()
+    for want, wave in zip(expected, got):
+        assert wave.shape == want.shape and torch.allclose(wave, want, atol=1e-5)
 
 
 def test_sampling_on_the_device_draws_what_multinomial_draws():
