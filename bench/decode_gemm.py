@@ -1,6 +1,6 @@
 """The decode step's matrix products at Qwen2.5-Omni-7B shapes, one kernel choice at a time (GPU).
 
-    python bench/decode_gemm.py
+    python bench/decode_gemm.py [--per-product]
 
 A 7B thinker decode step takes 5.1 ms on an H200 whatever the batch (1 to 32), where reading
 its 15 GB of weights once at the card's bandwidth would take about 3.3 ms. This measures the
@@ -20,6 +20,11 @@ bandwidth each reaches (weight bytes / time):
   configurations at each batch, named in the output.
 
 Each cell's `error` is the largest relative L2 distance of a product from bfloat16's.
+
+`--per-product` times the int8 kernel's products one at a time instead (q/k/v, o, gate/up,
+down and the lm_head, each over distinct copies of its weights so none comes from L2), in every
+launch configuration of PRODUCT_CONFIGS, with tl.dot and without, and prints the engine's own
+choice beside the four fastest.
 
 A layer's seven products are timed together (q, k, v, o, gate, up, down), times the layers
 (28 in the thinker, 24 in the talker), to set beside the whole decode steps' times
@@ -56,15 +61,67 @@ INT8_CONFIGS = [(64, 128, 4, 4, None), (32, 128, 4, 4, None), (64, 256, 4, 3, No
                 (64, 256, 8, 3, None), (64, 128, 8, 4, None), (32, 256, 4, 3, None), (64, 64, 4, 6, None)]
 
 
+# --per-product: each int8 product of a 7B thinker (q/k/v and gate/up joined) and its lm_head,
+# (N, K, copies: distinct weights per replay, so none is read from L2)
+INT8_PRODUCTS = {"qkv": (4608, 3584, 28), "o": (3584, 3584, 28), "gate_up": (37888, 3584, 28),
+                 "down": (3584, 18944, 28), "lm_head": (152064, 3584, 1)}
+PRODUCT_BATCHES = (1, 2, 4, 8, 16, 32)
+# launch configurations tried per product: (block_n, block_k, warps, stages, split_k, dot)
+PRODUCT_CONFIGS = [(64, 128, 4, 4, None, True), (64, 256, 4, 3, None, True), (32, 256, 4, 3, None, True),
+                   (32, 128, 4, 4, None, True), (16, 256, 4, 3, 1, True), (16, 256, 4, 3, None, True),
+                   (16, 512, 4, 2, 1, True), (32, 512, 4, 2, None, True), (128, 128, 8, 3, None, True),
+                   (16, 256, 4, 3, None, False), (16, 256, 4, 3, 1, False), (32, 256, 4, 3, None, False),
+                   (8, 512, 4, 3, None, False), (8, 256, 2, 4, 1, False), (32, 128, 4, 4, None, False),
+                   (16, 512, 8, 2, None, False), (64, 128, 4, 3, None, False), (16, 128, 4, 4, 1, False)]
+
+
 def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("decode_gemm.py measures GPU kernels: no CUDA device here")
     device = torch.device("cuda")
-    print(f"# python bench/decode_gemm.py  {torch.cuda.get_device_name(device)}, torch {torch.__version__}, "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(f"# python bench/decode_gemm.py {' '.join(sys.argv[1:])}  {torch.cuda.get_device_name(device)}, "
+          f"torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     torch.manual_seed(0)
+    if "--per-product" in sys.argv:
+        return per_product(device)
     for model, (shapes, layers) in MODELS.items():
         measure(model, shapes, layers, device)
+
+
+def per_product(device: torch.device) -> None:
+    """Each int8 product alone, every launch configuration of PRODUCT_CONFIGS, per batch: the
+    time of one product (µs, median of 20 replays of all its copies), its bandwidth, and the
+    engine's own choice (`launch_config`) beside the fastest."""
+    from inference.engine.reference.int8_matmul import FEW_ROWS, launch_config
+
+    capture = own_stream(device)
+    for name, (n, k, copies) in INT8_PRODUCTS.items():
+        weights = [quantize(torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02)
+                   for _ in range(copies)]
+        nbytes = n * k
+        for batch in PRODUCT_BATCHES:
+            x = torch.randn(batch, k, device=device, dtype=torch.bfloat16)
+            reference = x.float() @ weights[0].values.float().T * weights[0].scale
+            engine = (*launch_config(batch), None, True)
+            times = {}
+            for config in dict.fromkeys([engine, *PRODUCT_CONFIGS]):
+                block_n, block_k, warps, stages, split, dot = config
+                if not dot and batch > FEW_ROWS:
+                    continue
+
+                def run(config=config):
+                    return [int8_linear(x, w, block_n, block_k, warps, stages, split, dot) for w in weights]
+                try:
+                    us = replay_ms(CapturedStep(run, capture), repeats=20) * 1000 / copies
+                    error = ((run()[0].float() - reference).norm() / reference.norm()).item()
+                    times[config] = (us, error)
+                except Exception as e:  # a configuration this GPU cannot run: say so and go on
+                    print(f"  {name} batch {batch} {config}: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
+            ranked = sorted(times, key=lambda c: times[c][0])[:4]
+            print(f"{name:>8} ({n}x{k}) batch {batch:>2}: engine {engine} {times[engine][0]:.1f} us "
+                  f"({nbytes / times[engine][0] / 1e6:.2f} TB/s); fastest " +
+                  "; ".join(f"{c} {times[c][0]:.1f} us ({nbytes / times[c][0] / 1e6:.2f} TB/s, error {times[c][1]:.3f})"
+                            for c in ranked), flush=True)
 
 
 def measure(model: str, shapes: list[tuple[int, int]], layers: int, device: torch.device) -> None:
