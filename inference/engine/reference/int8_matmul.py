@@ -14,11 +14,17 @@ rows are padded to 16 inside the kernel (the smallest `tl.dot`); padding rows ar
 read or written. Where there are too few blocks of channels to keep every SM reading, K is
 split between programs and their float32 partial products are summed (`split_k`).
 
-`quantize_thinker` gives a thinker's joined layers (joined_layers.py) int8 copies of their
-four products' weights; `joined_decoder_layer` then runs them through this kernel wherever a
+`quantize_layers` gives joined decoder layers (joined_layers.py) int8 copies of their four
+products' weights; `joined_decoder_layer` then runs them through this kernel wherever a
 forward has at most DECODE_ROWS rows (decode steps), and through the bfloat16 weights
 otherwise (prompt chunks, which are compute-bound and where cuBLAS is the faster). It is the
-engine's `int8_weights` option, on by default for Qwen2.5-Omni on cuda.
+engine's `int8_weights` option, on by default for Qwen2.5-Omni on cuda: the thinker's and the
+talker's layers, and the thinker's lm_head (`add_copy`: 1.1 GB in bfloat16, read in every
+thinker step, 0.16 ms in int8 on an H200, `bench/decode_gemm.py --per-product`).
+
+For 1 to 4 rows there is a second kernel without `tl.dot` (`dot=False`: sums of elementwise
+products, no padding rows). On the H200 it was never among the fastest configurations of any
+product (2026-12-04, `2026-12-04-h200-decode-gemm-per-product.log`): the engine keeps tl.dot.
 
 Exact against the dequantized product (tests, under Triton's interpreter on the CPU). On an
 H200 (2026-12-04) a 7B thinker layer's products take 2.6 ms x 28 layers at 1 row against 4.3 ms
@@ -78,17 +84,23 @@ LAUNCH_BY_ROWS = ((16, (64, 128, 4, 4)), (DECODE_ROWS, (64, 256, 4, 3)))
 
 
 @torch.no_grad()
-def quantize_thinker(layers) -> None:
-    """Int8 copies (buffers `<name>_int8`, `<name>_scale`) of each joined layer's qkv, o,
-    gate_up and down weights; the bfloat16 weights stay for the prompt chunks."""
+def quantize_layers(layers) -> None:
+    """Int8 copies of each joined layer's qkv, o, gate_up and down weights (`add_copy`)."""
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
         for owner, name, weight in ((attn, "qkv", attn.qkv_weight), (attn, "o", attn.o_proj.weight),
                                     (mlp, "gate_up", mlp.gate_up_weight),
                                     (mlp, "down", mlp.down_proj.weight)):
-            q = quantize(weight)
-            owner.register_buffer(f"{name}_int8", q.values, persistent=False)
-            owner.register_buffer(f"{name}_scale", q.scale, persistent=False)
+            add_copy(owner, name, weight)
+
+
+@torch.no_grad()
+def add_copy(owner: torch.nn.Module, name: str, weight: torch.Tensor) -> None:
+    """An int8 copy of `weight` on `owner` (buffers `<name>_int8`, `<name>_scale`), which
+    `product(x, owner, name, weight)` reads; the bfloat16 weight stays for the prompt chunks."""
+    q = quantize(weight)
+    owner.register_buffer(f"{name}_int8", q.values, persistent=False)
+    owner.register_buffer(f"{name}_scale", q.scale, persistent=False)
 
 
 def product(x: torch.Tensor, owner, name: str, weight: torch.Tensor,

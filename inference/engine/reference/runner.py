@@ -31,7 +31,7 @@ import torch
 from .audio_encoder import ChunkedAudioEncoder, encode_audio
 from .compiled import compile_step, talker_layer, thinker_layer
 from .cuda_graphs import batch_buckets, bucket_for, capture_each, own_stream
-from .int8_matmul import quantize_thinker
+from .int8_matmul import add_copy, product, quantize_layers
 from .joined_layers import join_projections
 from .host_copy import copy_from_host, to_device
 from .kv_pool import BatchView, KVPool, forward
@@ -147,8 +147,10 @@ class ModelRunner(DeviceRunner):
         # q/k/v and gate/up as one product each in every decode step and prompt chunk
         join_projections(self.thinker.model.layers)
         join_projections(self.talker.model.layers)
-        if int8_weights:  # the thinker's decode steps read int8 copies (int8_matmul.py)
-            quantize_thinker(self.thinker.model.layers)
+        if int8_weights:  # the decode steps read int8 copies (int8_matmul.py)
+            quantize_layers(self.thinker.model.layers)
+            quantize_layers(self.talker.model.layers)
+            add_copy(self.thinker.lm_head, "weight", self.thinker.lm_head.weight)
         text_config = self.thinker.config.text_config
         dtype = self.thinker.lm_head.weight.dtype
         self.thinker_pool = KVPool(text_config, slots, thinker_capacity, device, dtype)
@@ -417,7 +419,8 @@ class _ThinkerDecode:
         thinker = self.runner.thinker
         embeds = thinker.get_input_embeddings()(tokens)
         hidden = forward(thinker.model, view, embeds, positions, self.layer_step)
-        logits = thinker.lm_head(hidden[:, -1])
+        head = thinker.lm_head
+        logits = product(hidden[:, -1], head, "weight", head.weight, head.bias)
         # what the talker reads of each fed token: its final hidden state + its embedding
         return hidden + embeds, logits, logits.argmax(dim=-1)
 

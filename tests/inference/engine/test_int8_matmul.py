@@ -85,7 +85,7 @@ def test_quantization_error_is_at_most_half_a_step_per_channel():
 LAYERS = """
 import copy, json, os, torch
 from inference.engine.reference.compiled import compile_step, thinker_layer
-from inference.engine.reference.int8_matmul import DECODE_ROWS, quantize_thinker
+from inference.engine.reference.int8_matmul import DECODE_ROWS, add_copy, product, quantize_layers
 from inference.engine.reference.joined_layers import join_projections
 from inference.engine.reference.kv_pool import BatchView, KVPool, forward
 from inference.engine.reference.loading import load_model
@@ -99,7 +99,7 @@ model = load_model("tiny-random", torch.device("cpu"), torch.float32).model
 plain = copy.deepcopy(model.thinker.model)
 join_projections(plain.layers)
 int8 = copy.deepcopy(plain)
-quantize_thinker(int8.layers)
+quantize_layers(int8.layers)
 exact = copy.deepcopy(plain)  # its weights replaced by the int8 copies' values
 for layer, source in zip(exact.layers, int8.layers):
     attn, mlp = layer.self_attn, layer.mlp
@@ -131,7 +131,15 @@ long = {name: run(m, long_chunk)[:, :long_chunk] for name, m in (("int8", int8),
 # the decode steps' layer compiled as the engine compiles it (one graph, no breaks: the
 # kernel is an operator compile keeps whole)
 compiled = run(int8, 9, compile_step(thinker_layer, True))
-print(json.dumps({"compiled_vs_eager": distance(compiled, short["int8"]),
+# the lm_head's copy: a decode step's rows through it, a long chunk's through the weight
+head = copy.deepcopy(model.thinker.lm_head)
+add_copy(head, "weight", head.weight)
+rows = torch.randn((3, hidden), generator=torch.Generator().manual_seed(2))
+head_exact = rows @ dequantized(head, "weight").T
+many = torch.randn((DECODE_ROWS + 1, hidden), generator=torch.Generator().manual_seed(3))
+print(json.dumps({"head_vs_exact": distance(product(rows, head, "weight", head.weight), head_exact),
+                  "head_long_vs_plain": distance(product(many, head, "weight", head.weight), many @ head.weight.T),
+                  "compiled_vs_eager": distance(compiled, short["int8"]),
                   "int8_vs_exact": distance(short["int8"], short["exact"]),
                   "int8_vs_plain": distance(short["int8"], short["plain"]),
                   "long_chunk_int8_vs_plain": distance(long["int8"], long["plain"])}))
@@ -139,12 +147,13 @@ print(json.dumps({"compiled_vs_eager": distance(compiled, short["int8"]),
 
 
 @needs_triton
-def test_int8_thinker_layers_compute_with_their_int8_weights_in_decode_sized_forwards(tmp_path):
+def test_int8_layers_and_lm_head_compute_with_their_int8_weights_in_decode_sized_forwards(tmp_path):
     result = run_interpreted(LAYERS, OMNI_CACHE_DIR=str(tmp_path))
     assert result["int8_vs_exact"] < 1e-5  # the kernel computes with exactly the int8 values
     assert result["compiled_vs_eager"] < 1e-5
     assert 1e-5 < result["int8_vs_plain"] < 0.05  # which differ a little from the weights
     assert result["long_chunk_int8_vs_plain"] == 0.0  # a long prompt chunk reads the weights
+    assert result["head_vs_exact"] < 1e-5 and result["head_long_vs_plain"] < 1e-6
 
 
 ENGINE = """
@@ -156,8 +165,9 @@ async def main():
                            min_audio_seconds=0.5, max_new_tokens=12, int8_weights=True, warmup=False)
     await engine.start()
     runner = engine.runner
-    buffers = {"int8_buffers": hasattr(runner.thinker.model.layers[0].mlp, "down_int8"),
-               "talker_int8": hasattr(runner.talker.model.layers[0].mlp, "down_int8")}
+    buffers = {"thinker_int8": hasattr(runner.thinker.model.layers[0].mlp, "down_int8"),
+               "talker_int8": hasattr(runner.talker.model.layers[0].mlp, "down_int8"),
+               "lm_head_int8": hasattr(runner.thinker.lm_head, "weight_int8")}
     request = GenerationRequest(request_id="int8", instructions="Answer briefly.", modalities=("text", "audio"),
                                 context=[UserAudio(np.zeros(8000, dtype=np.float32)), UserText("Hi")],
                                 max_output_tokens=12)
@@ -171,10 +181,11 @@ asyncio.run(main())
 
 
 @needs_triton
-def test_the_engine_answers_with_int8_thinker_weights(tmp_path):
+def test_the_engine_answers_with_int8_weights(tmp_path):
+    """The thinker's and the talker's layers and the thinker's lm_head get int8 copies."""
     result = run_interpreted(ENGINE, OMNI_CACHE_DIR=str(tmp_path))
-    assert result == {"int8_buffers": True, "talker_int8": False, "finished": True,
-                      "audio": result["audio"]} and result["audio"] > 0
+    assert result == {"thinker_int8": True, "talker_int8": True, "lm_head_int8": True,
+                      "finished": True, "audio": result["audio"]} and result["audio"] > 0
 
 
 def test_int8_weights_are_refused_for_qwen3_omni():
