@@ -119,7 +119,7 @@ VARIANTS = {
     "dit-fp32": dict(token2wav_dtype="float32"),   # transformers' token2wav dtype
     "dit-bf16": dict(token2wav_dtype="bfloat16"),
     "talker-after": dict(talker_stream=False),  # the talker's step after the thinker's, one stream
-    "bf16-weights": dict(int8_weights=False),   # the thinker's decode products in bfloat16
+    "bf16-weights": dict(int8_weights=False),   # the decode products (thinker, talker, lm_head) in bfloat16
     "loaded-steps-off": dict(loaded_ode_steps=0),  # 5 ODE steps whatever the load
     "loaded-steps4": dict(loaded_ode_steps=4),     # 4 (12 DiT evaluations) under load, not 3
 }

@@ -50,14 +50,15 @@ def kv_slots_for(sessions: int) -> int:
 
 # (GPU name as torch reports it, model family) → the calls it carries gap-free, random weights at
 # the published shapes (Qwen2.5-Omni-7B; Qwen3-Omni-30B-A3B). Where several call patterns were
-# measured, the figure is the lowest: with 3 ODE steps under load (2026-12-04) Qwen2.5-Omni
-# carries 40 calls of 3 s in / 4 s replies, 40 of a 1-6 s in / 1-10 s mix and 32 of 2 s in /
-# 8 s replies (36: 12 % of replies gapped); Qwen3-Omni was measured at 3 s in / 4 s replies
+# measured, the figure is the lowest: with token2wav's closer batch buckets and the talker and
+# lm_head in int8 (2026-12-04) Qwen2.5-Omni carries 48 calls of 3 s in / 4 s replies (56: 15 %
+# of replies gapped), 48 of a 1-6 s in / 1-10 s mix (the most run) and 40 of 2 s in / 8 s
+# replies (44: 15 %; 42 in a second run); Qwen3-Omni was measured at 3 s in / 4 s replies
 # only. A source names the run's log and, where the log holds several patterns, the pattern.
 MEASURED: dict[tuple[str, str], Capacity] = {
     ("NVIDIA H200", "qwen2.5-omni"): Capacity(
-        32, "measured on an NVIDIA H200 at Qwen2.5-Omni-7B's shapes, 2 s in / 8 s replies: "
-            "bench/results/2026-12-04-h200-loaded-ode-steps3.log"),
+        40, "measured on an NVIDIA H200 at Qwen2.5-Omni-7B's shapes, 2 s in / 8 s replies: "
+            "bench/results/2026-12-04-h200-int8-talker-fine-buckets.log"),
     ("NVIDIA H200", "qwen3-omni"): Capacity(
         24, "measured on an NVIDIA H200 at Qwen3-Omni-30B-A3B's shapes, 3 s in / 4 s replies: "
             "bench/results/2026-12-03-h200-qwen3-omni-run6.log"),
@@ -116,7 +117,7 @@ def apply(settings) -> str:
             line += ", KV slots as kv_slots / context_tokens set them"
         else:
             extra.setdefault("target_kv_slots", kv_slots_for(limits.max_sessions))
-            line += (f", KV slots: {extra['target_kv_slots']} aimed at on a GPU (two a session; "
-                     "fewer where its memory does not fit them)")
+            line += (f", KV slots: {extra['target_kv_slots']} aimed at on a GPU (two a session, "
+                     f"at most {MAX_KV_SLOTS}; fewer where its memory does not fit them)")
     log.info(line)
     return line

@@ -76,7 +76,7 @@ def test_the_levels_rule_reads_the_printed_rows():
 
 
 def test_the_gpu_and_family_pick_the_row():
-    assert capacity_for("reference", "cuda", "NVIDIA H200", "qwen2.5-omni").calls == 32
+    assert capacity_for("reference", "cuda", "NVIDIA H200", "qwen2.5-omni").calls == 40
     assert capacity_for("reference", "cuda:1", "NVIDIA H200", "qwen3-omni").calls == 24
     assert capacity_for("reference", "cuda", "NVIDIA H200 NVL", "qwen2.5-omni") is UNKNOWN_GPU
     assert capacity_for("reference", "cuda", "NVIDIA L4", "qwen3-omni") is UNKNOWN_GPU

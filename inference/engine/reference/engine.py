@@ -208,13 +208,15 @@ class ReferenceEngine(OmniEngine):
         for Qwen2.5-Omni: on an H200 the two steps side by side take 4.3 ms against 5.2 one
         after the other, and 32 steady calls went from 7 % of replies with a gap to 1 %
         (2026-12-04); False elsewhere (Qwen3-Omni's is not measured on a GPU yet).
-      int8_weights: Qwen2.5-Omni's thinker reads int8 copies of its layers' weights (a scale
-        per output channel) in decode steps, through one Triton kernel (int8_matmul.py);
-        prompt chunks keep the bfloat16 weights, which stay loaded (about 7 GB more at 7B).
-        Default True on cuda for Qwen2.5-Omni where Triton is there: on an H200 a 7B thinker
-        step takes 3.4 ms against 4.5, first audio 0.143 s against 0.159, and 32 steady calls
-        went from 29 % of replies with a gap to 7 % (2026-12-04). Each product is within 1 %
-        (relative L2) of bfloat16's; set it False to serve the bfloat16 weights unchanged.
+      int8_weights: Qwen2.5-Omni's thinker and talker read int8 copies of their layers'
+        weights (a scale per output channel), and the thinker of its lm_head, in decode steps,
+        through one Triton kernel (int8_matmul.py); prompt chunks keep the bfloat16 weights,
+        which stay loaded (about 8.5 GB more at 7B). Default True on cuda for Qwen2.5-Omni
+        where Triton is there: on an H200 a 7B thinker step takes 3.3 ms against 4.5, the
+        thinker's and talker's steps side by side 3.9 against 4.2 with the thinker's alone in
+        int8, and 2 s in / 8 s replies went from 32 to 40 steady calls together with
+        token2wav's closer buckets (2026-12-04). Each product is within 1 % (relative L2) of
+        bfloat16's; set it False to serve the bfloat16 weights unchanged.
       compile: torch.compile (inductor) the decode steps and the DiT evaluation before they
         are captured: fused kernels, about half the step time on an H200 (default True on
         cuda, False on cpu). Compiling takes minutes the first time, seconds from the cache.
@@ -291,7 +293,7 @@ class ReferenceEngine(OmniEngine):
         self.family = family_for(model)
         qwen25_on_cuda = cuda and self.family.name == "qwen2.5-omni"
         if int8_weights and self.family.name != "qwen2.5-omni":
-            raise ValueError("int8_weights is for Qwen2.5-Omni's thinker (its joined layers)")
+            raise ValueError("int8_weights is for Qwen2.5-Omni (its joined layers)")
         if int8_weights is None:
             int8_weights = qwen25_on_cuda and HAVE_TRITON
         if talker_stream is None:
