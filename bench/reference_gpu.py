@@ -351,7 +351,9 @@ async def run(args) -> None:
     steady = [calls for pattern in patterns for calls in pattern.levels]
     if not (levels or steady or args.conversation):
         return  # --check alone
-    options = dict(device=str(device), kv_slots=max(levels + variant_levels + steady + variant_steady),
+    # a conversation alone (--sessions none) is one call: its slot and its turn's transcription
+    options = dict(device=str(device), kv_slots=max(levels + variant_levels + steady + variant_steady,
+                                                    default=2),
                    context_tokens=args.context_tokens,
                    # a steady reply may be longer than --audio-seconds: the engine's buffers
                    # are sized for the longest; each reply's own length is set on admission
