@@ -23,8 +23,8 @@ Each cell's `error` is the largest relative L2 distance of a product from bfloat
 
 `--per-product` times the int8 kernel's products one at a time instead (q/k/v, o, gate/up,
 down and the lm_head, each over distinct copies of its weights so none comes from L2), in every
-launch configuration of PRODUCT_CONFIGS, with tl.dot and without, and prints the engine's own
-choice beside the four fastest.
+launch configuration of PRODUCT_CONFIGS, and prints the engine's own choice beside the four
+fastest.
 
 A layer's seven products are timed together (q, k, v, o, gate, up, down), times the layers
 (28 in the thinker, 24 in the talker), to set beside the whole decode steps' times
@@ -66,13 +66,12 @@ INT8_CONFIGS = [(64, 128, 4, 4, None), (32, 128, 4, 4, None), (64, 256, 4, 3, No
 INT8_PRODUCTS = {"qkv": (4608, 3584, 28), "o": (3584, 3584, 28), "gate_up": (37888, 3584, 28),
                  "down": (3584, 18944, 28), "lm_head": (152064, 3584, 1)}
 PRODUCT_BATCHES = (1, 2, 4, 8, 16, 32)
-# launch configurations tried per product: (block_n, block_k, warps, stages, split_k, dot)
-PRODUCT_CONFIGS = [(64, 128, 4, 4, None, True), (64, 256, 4, 3, None, True), (32, 256, 4, 3, None, True),
-                   (32, 128, 4, 4, None, True), (16, 256, 4, 3, 1, True), (16, 256, 4, 3, None, True),
-                   (16, 512, 4, 2, 1, True), (32, 512, 4, 2, None, True), (128, 128, 8, 3, None, True),
-                   (16, 256, 4, 3, None, False), (16, 256, 4, 3, 1, False), (32, 256, 4, 3, None, False),
-                   (8, 512, 4, 3, None, False), (8, 256, 2, 4, 1, False), (32, 128, 4, 4, None, False),
-                   (16, 512, 8, 2, None, False), (64, 128, 4, 3, None, False), (16, 128, 4, 4, 1, False)]
+# launch configurations tried per product: (block_n, block_k, warps, stages, split_k); the
+# committed run (2026-12-04-h200-decode-gemm-per-product.log) also tried a kernel without tl.dot
+# for 1-4 rows, since removed: it was never among the four fastest
+PRODUCT_CONFIGS = [(64, 128, 4, 4, None), (64, 256, 4, 3, None), (32, 256, 4, 3, None),
+                   (32, 128, 4, 4, None), (16, 256, 4, 3, 1), (16, 256, 4, 3, None),
+                   (16, 512, 4, 2, 1), (32, 512, 4, 2, None), (128, 128, 8, 3, None)]
 
 
 def main() -> None:
@@ -92,7 +91,7 @@ def per_product(device: torch.device) -> None:
     """Each int8 product alone, every launch configuration of PRODUCT_CONFIGS, per batch: the
     time of one product (µs, median of 20 replays of all its copies), its bandwidth, and the
     engine's own choice (`launch_config`) beside the fastest."""
-    from inference.engine.reference.int8_matmul import FEW_ROWS, launch_config
+    from inference.engine.reference.int8_matmul import launch_config
 
     capture = own_stream(device)
     for name, (n, k, copies) in INT8_PRODUCTS.items():
@@ -102,15 +101,11 @@ def per_product(device: torch.device) -> None:
         for batch in PRODUCT_BATCHES:
             x = torch.randn(batch, k, device=device, dtype=torch.bfloat16)
             reference = x.float() @ weights[0].values.float().T * weights[0].scale
-            engine = (*launch_config(batch), None, True)
+            engine = (*launch_config(batch), None)
             times = {}
             for config in dict.fromkeys([engine, *PRODUCT_CONFIGS]):
-                block_n, block_k, warps, stages, split, dot = config
-                if not dot and batch > FEW_ROWS:
-                    continue
-
                 def run(config=config):
-                    return [int8_linear(x, w, block_n, block_k, warps, stages, split, dot) for w in weights]
+                    return [int8_linear(x, w, *config) for w in weights]
                 try:
                     us = replay_ms(CapturedStep(run, capture), repeats=20) * 1000 / copies
                     error = ((run()[0].float() - reference).norm() / reference.norm()).item()

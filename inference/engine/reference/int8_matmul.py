@@ -22,9 +22,9 @@ engine's `int8_weights` option, on by default for Qwen2.5-Omni on cuda: the thin
 talker's layers, and the thinker's lm_head (`add_copy`: 1.1 GB in bfloat16, read in every
 thinker step, 0.16 ms in int8 on an H200, `bench/decode_gemm.py --per-product`).
 
-For 1 to 4 rows there is a second kernel without `tl.dot` (`dot=False`: sums of elementwise
-products, no padding rows). On the H200 it was never among the fastest configurations of any
-product (2026-12-04, `2026-12-04-h200-decode-gemm-per-product.log`): the engine keeps tl.dot.
+A kernel without `tl.dot` for 1-4 rows (sums of elementwise products, no padding rows) was
+tried on the H200 and was never among the four fastest configurations of any product
+(2026-12-04, `2026-12-04-h200-decode-gemm-per-product.log`, code at 94de9d9); it was removed.
 
 Exact against the dequantized product (tests, under Triton's interpreter on the CPU). On an
 H200 (2026-12-04) a 7B thinker layer's products take 2.6 ms x 28 layers at 1 row against 4.3 ms
@@ -72,8 +72,6 @@ def dequantize(weight: Int8Weight, dtype: torch.dtype = torch.float32) -> torch.
     return (weight.values.float() * weight.scale[:, None]).to(dtype)
 
 
-# the most rows the kernel without tl.dot takes (its products are (rows, channels, K) tiles)
-FEW_ROWS = 4
 # forwards with at most this many rows use the int8 weights: on an H200 a 7B thinker step of 40
 # rows took 6.9 ms through the kernel (its 64-row blocks), against 4.6 ms at 32 rows
 DECODE_ROWS = 32
@@ -131,14 +129,10 @@ def _(x: torch.Tensor, values: torch.Tensor, scale: torch.Tensor) -> torch.Tenso
 
 
 def int8_linear(x: torch.Tensor, weight: Int8Weight, block_n: int = 64, block_k: int = 128,
-                num_warps: int = 4, num_stages: int = 4, split_k: int | None = None,
-                dot: bool = True) -> torch.Tensor:
+                num_warps: int = 4, num_stages: int = 4, split_k: int | None = None) -> torch.Tensor:
     """x (..., K) times the weight (N, K) transposed: (..., N) in x's dtype, accumulated in
     float32. The block sizes and warps are the kernel's launch configuration (bench/decode_gemm.py
     tries several).
-
-    `dot`: the products on the tensor cores (`tl.dot`, rows padded to 16); False: as sums of
-    elementwise products on the CUDA cores, for at most FEW_ROWS rows, with no padding rows.
 
     `split_k` programs share each block of channels, each reading its own stretch of K and
     writing a float32 partial product, summed afterwards. A product with few channels and a long
@@ -153,10 +147,7 @@ def int8_linear(x: torch.Tensor, weight: Int8Weight, block_n: int = 64, block_k:
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     m = rows.shape[0]
-    if not dot and m > FEW_ROWS:
-        raise ValueError(f"the kernel without tl.dot takes at most {FEW_ROWS} rows, not {m}")
-    block_m = (triton.next_power_of_2(m) if not dot else 16 if m <= 16 else 32 if m <= 32
-               else 64)
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
     grid_n, grid_m = triton.cdiv(n, block_n), triton.cdiv(m, block_m)
     if split_k is None:
         split_k = _default_split(grid_n * grid_m, triton.cdiv(k, block_k), x.device)
@@ -165,8 +156,7 @@ def int8_linear(x: torch.Tensor, weight: Int8Weight, block_n: int = 64, block_k:
     split_k = triton.cdiv(k, k_per_split)
     out = torch.empty((split_k, m, n), dtype=x.dtype if split_k == 1 else torch.float32,
                       device=x.device)
-    kernel = _int8_weight_kernel if dot else _int8_weight_sum_kernel
-    kernel[(grid_n, grid_m, split_k)](
+    _int8_weight_kernel[(grid_n, grid_m, split_k)](
         rows, weight.values, weight.scale, out, m, n, k, k_per_split,
         rows.stride(0), weight.values.stride(0), out.stride(1), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
@@ -203,33 +193,6 @@ if HAVE_TRITON:
             w = tl.load(w_ptr + channels[:, None] * stride_wn + ks[None, :],
                         mask=channel_ok[:, None] & k_ok[None, :], other=0)
             acc += tl.dot(x, tl.trans(w.to(x.dtype)))
-        scale = tl.load(scale_ptr + channels, mask=channel_ok, other=0.0)
-        y = acc * scale[None, :]
-        tl.store(y_ptr + split * stride_ysplit + rows[:, None] * stride_ym + channels[None, :],
-                 y.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & channel_ok[None, :])
-
-    @triton.jit
-    def _int8_weight_sum_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, K_PER_SPLIT,
-                                stride_xm, stride_wn, stride_ym, stride_ysplit,
-                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                                BLOCK_K: tl.constexpr):
-        """`_int8_weight_kernel` for a few rows (BLOCK_M, a power of two, at most FEW_ROWS):
-        each K block's products summed on the CUDA cores, no rows padded to tl.dot's 16."""
-        rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-        channels = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        split = tl.program_id(2)
-        row_ok = rows < M
-        channel_ok = channels < N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        k_end = tl.minimum(K, (split + 1) * K_PER_SPLIT)
-        for start in range(split * K_PER_SPLIT, k_end, BLOCK_K):
-            ks = start + tl.arange(0, BLOCK_K)
-            k_ok = ks < k_end
-            x = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :],
-                        mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-            w = tl.load(w_ptr + channels[:, None] * stride_wn + ks[None, :],
-                        mask=channel_ok[:, None] & k_ok[None, :], other=0).to(tl.float32)
-            acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
         scale = tl.load(scale_ptr + channels, mask=channel_ok, other=0.0)
         y = acc * scale[None, :]
         tl.store(y_ptr + split * stride_ysplit + rows[:, None] * stride_ym + channels[None, :],
