@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from inference.engine.reference import scheduler as policy  # noqa: E402
 from inference.engine.reference.core import token2wav_parts  # noqa: E402
-from inference.engine.reference.engine import LOADED_BATCH, LOADED_ODE_STEPS  # noqa: E402
+from inference.engine.reference.engine import LOADED_ODE_STEPS  # noqa: E402
+from inference.engine.reference.token2wav_stream import LOADED_BATCH  # noqa: E402
 from inference.engine.reference.reply import Phase  # noqa: E402
 from inference.engine.reference.scheduler import Scheduler, SlotTable  # noqa: E402
 from inference.engine.reference.token2wav_stream import (  # noqa: E402

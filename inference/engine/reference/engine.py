@@ -38,7 +38,7 @@ from .runner import ModelRunner  # the Qwen2.5-Omni family's; every family's has
 from .models.qwen3_omni.code2wav_stream import Code2WavPlan
 from .sampling import SamplingParams
 from .scheduler import AHEAD_CHUNKS, Scheduler, SlotTable
-from .token2wav_stream import ChunkPlan
+from .token2wav_stream import LOADED_BATCH, ChunkPlan
 from .tiny import cache_root
 
 logger = logging.getLogger(__name__)
@@ -52,12 +52,12 @@ logger = logging.getLogger(__name__)
 # (ramp_chunks); an H200 at 24 steady calls: first audio p95 0.78 -> 0.60 s, replies with a
 # gap 61 -> 41 % (docs/reference-engine.md, "Measured"). A CPU's steps are too slow to ramp.
 ODE_STEPS, FIRST_ODE_STEPS = 5, 3
-# Under load (a token2wav batch of LOADED_BATCH replies or more) later chunks take 3 ODE steps,
-# as every first chunk does: 8 DiT evaluations instead of 16, where the decode steps need the
-# GPU most (cuda only). An H200 then carried 40 steady calls at 3 s in / 4 s replies, 32 at
+# Under load (a token2wav batch of LOADED_BATCH replies or more, token2wav_stream.py) later
+# chunks take 3 ODE steps, as every first chunk does: 8 DiT evaluations instead of 16, where
+# the decode steps need the GPU most (cuda only). An H200 then carried 40 steady calls at 3 s in / 4 s replies, 32 at
 # 2 s / 8 s and 40 of a 1-6 s / 1-10 s mix, against 32, 24 and 28 with 5 steps
 # (docs/reference-engine.md, "Fewer DiT evaluations under load").
-LOADED_ODE_STEPS, LOADED_BATCH = 3, 6
+LOADED_ODE_STEPS = 3
 CHUNK_BLOCKS = 2
 
 

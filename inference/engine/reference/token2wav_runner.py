@@ -93,7 +93,7 @@ class Token2WavRunner:
         # its graphs' capture stream: not the decode steps' (cuda_graphs.py says why)
         self.capture_stream = own_stream(device) if device.type == "cuda" else None
         # and one memory pool for them all: they replay one at a time on `stream`, and each
-        # output is copied before the next replay, so their intermediates can share memory
+        # output is used (copied) before the next replay, so their memory can be shared
         # (a pool per graph took ~10 GB at 48 slots, H200, 2026-12-04)
         self.graph_pool = (torch.cuda.graph_pool_handle()
                            if device.type == "cuda" and cuda_graphs else None)
@@ -146,28 +146,25 @@ class Token2WavRunner:
 
     def vocode(self, mels: list[torch.Tensor]) -> PendingWaves:
         """Audio samples of each mel (1, mel_dim, frames), on their way to the host: inputs of
-        the same length are one batch, and all of them come to the host in one copy."""
-        order: list[int] = []
-        outputs: list[torch.Tensor] = []
-        for frames in sorted({mel.shape[2] for mel in mels}):
-            group = [i for i, mel in enumerate(mels) if mel.shape[2] == frames]
-            batch = torch.cat([mels[i] for i in group], dim=0)
-            bucket = bucket_for(len(group), self.buckets)
-            graph = self._vocoder_graphs.get((frames, bucket)) if bucket else None
-            if graph is not None:
-                out = graph(batch)
-            else:
-                out = mel_to_wave(self.vocoder, batch, self.min_level,
-                                  self.activation).reshape(len(group), -1)
-            order += group
-            outputs.append(out.reshape(-1))
-        joined = torch.cat(outputs)
+        the same length are one batch, and all of them come to the host in one copy. Each
+        batch's audio goes into the joined buffer at once, before the next batch's graph
+        replays (token2wav's graphs share one memory pool)."""
+        groups = [[i for i, mel in enumerate(mels) if mel.shape[2] == frames]
+                  for frames in sorted({mel.shape[2] for mel in mels})]
         spans: list[tuple[int, int] | None] = [None] * len(mels)
         start = 0
-        for i in order:
+        for i in (i for group in groups for i in group):
             samples = mels[i].shape[2] * self.shape.samples_per_frame
             spans[i] = (start, start + samples)
             start += samples
+        joined = torch.empty(start, dtype=torch.float32, device=mels[0].device)
+        for group in groups:
+            batch = torch.cat([mels[i] for i in group], dim=0)
+            bucket = bucket_for(len(group), self.buckets)
+            graph = self._vocoder_graphs.get((batch.shape[2], bucket)) if bucket else None
+            out = graph(batch) if graph is not None else mel_to_wave(
+                self.vocoder, batch, self.min_level, self.activation)
+            joined[spans[group[0]][0]:spans[group[-1]][1]].copy_(out.reshape(-1))
         return PendingWaves.to_host(joined, spans)
 
     # ----------------------------------------------------------------- internals
@@ -312,12 +309,12 @@ class _Vocoder:
                                  stream=runner.capture_stream, pool=runner.graph_pool)
 
     def __call__(self, mel: torch.Tensor) -> torch.Tensor:
-        """(rows, samples) on the device, a copy: the next replay of any of token2wav's
-        graphs may reuse the graph's memory."""
+        """(rows, samples) on the device, valid until the next replay of any of token2wav's
+        graphs (they share one memory pool)."""
         rows = mel.shape[0]
         self.mel[:rows].copy_(mel)
         wave = self.step.replay()
-        return wave[:rows].reshape(rows, -1).clone()
+        return wave[:rows].reshape(rows, -1)
 
 
 class _WindowVelocity:

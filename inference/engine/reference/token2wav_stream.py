@@ -38,6 +38,11 @@ import torch
 from .phases import PhaseClock
 
 
+
+# the smallest token2wav batch that counts as load (ChunkPlan.loaded_batch's default): chunks
+# batch up when the GPU is busy (5.5 replies a batch at 32 steady calls, 1 alone; H200)
+LOADED_BATCH = 6
+
 @dataclass(frozen=True)
 class ChunkPlan:
     first_chunk_blocks: int = 1
@@ -55,7 +60,7 @@ class ChunkPlan:
     # batch up when the GPU is busy, and there fewer DiT evaluations leave the decode steps
     # more of it
     loaded_ode_steps: int | None = None
-    loaded_batch: int = 6
+    loaded_batch: int = LOADED_BATCH
     # chunks after the first that are as small as the first, while the listener's buffer
     # builds up: a chunk of chunk_blocks needs that many blocks of codes more before it exists
     ramp_chunks: int = 0
