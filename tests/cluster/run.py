@@ -398,7 +398,13 @@ def check_worker_kill(report: Report, api_secret: str, calls_m: int) -> tuple[in
     async def run() -> tuple[int, int]:
         kept = 0
         for i in range(calls_m):
+            # The checks before (and a restarting worker's CPU) may scale omni-agent out; a
+            # scale-in then removes an unready pod first, the killed one, before its restart
+            # shows: start each call from the HPA's minimum, settled.
+            waited = wait_hpa_minimum()
             wait_ready_agents(2, 600)
+            if waited >= 1:
+                report.fact(f"  (after {waited:.0f} s waiting for the HPA's minimum of 2 replicas)")
             call = await Call.start(api_secret)
             try:
                 await call.ask()
@@ -417,18 +423,26 @@ def check_worker_kill(report: Report, api_secret: str, calls_m: int) -> tuple[in
                 log = kubectl("-n", NAMESPACE, "logs", pod, "-c", "agent", check=False)
                 replayed = [line for line in log.splitlines() if "conversation replayed" in line]
                 where = {p: worker_sessions(p) for p in [q["metadata"]["name"] for q in agent_pods()]}
-                now = restarts
+                now, removed = restarts, False
                 for _ in range(30):  # the kubelet restarts the killed worker (back-off: seconds)
-                    status = kubectl_json("-n", NAMESPACE, "get", "pod", pod)["status"]["containerStatuses"]
-                    now = next(s for s in status if s["name"] == "omni-worker")["restartCount"]
+                    listed = kubectl_json("-n", NAMESPACE, "get", "pods", "-l", f"{APP}=omni-agent")["items"]
+                    mine = next((p for p in listed if p["metadata"]["name"] == pod), None)
+                    # a pod being removed (a scale-in despite the wait above) never restarts
+                    # its containers: the conversation is still judged, the restart cannot be
+                    removed = mine is None or bool(mine["metadata"].get("deletionTimestamp"))
+                    if removed:
+                        break
+                    now = next(s for s in mine["status"]["containerStatuses"] if s["name"] == "omni-worker")[
+                        "restartCount"]
                     if now > restarts:
                         break
                     await asyncio.sleep(2.0)
+                restarted = (f"its pod was being removed (HPA: {hpa_state()}), so no restart to see" if removed
+                             else f"the killed worker restarted (restartCount {restarts} -> {now})")
                 report.fact(f"  call {i + 1} ({call.room} on {pod}): worker killed; the question after it answered "
                             f"{latency:.1f} s after it was asked; sessions now {where}; agent: "
-                            f"{replayed[-1].strip()[-160:] if replayed else 'no replay logged'}; "
-                            f"the killed worker restarted (restartCount {restarts} -> {now})")
-                if replayed and any(n for p, n in where.items() if p != pod) and now > restarts:
+                            f"{replayed[-1].strip()[-160:] if replayed else 'no replay logged'}; {restarted}")
+                if replayed and any(n for p, n in where.items() if p != pod) and (now > restarts or removed):
                     kept += 1
                 else:
                     report.fact(f"  call {i + 1}: not counted as kept (no replay, not on another pod, or no restart)")
