@@ -41,6 +41,24 @@ class Entry:
     audio_ms: int = 0
     # read by the model; False once context truncation has left it out (for good)
     in_context: bool = True
+    # the engine's items for `audio`, by (content index, item id): made on the first turn
+    # that reads them and kept, so each clip is converted to float and hashed once per call,
+    # not again on every turn as the conversation grows
+    _user_audio: dict[tuple[int, str | None], eng.UserAudio] = field(default_factory=dict, repr=False)
+
+    def user_audio(self, index: int, item_id: str | None) -> eng.UserAudio:
+        """The engine's item for the audio of content part `index`."""
+        made = self._user_audio.get((index, item_id))
+        if made is None:
+            samples = int16_to_float(self.audio[index])
+            samples.flags.writeable = False  # the item's key is computed from these once
+            made = self._user_audio[(index, item_id)] = eng.UserAudio(samples, item_id=item_id)
+        return made
+
+    def forget_audio(self) -> None:
+        """Free the user audio (the item has left the model's context for good)."""
+        self.audio.clear()
+        self._user_audio.clear()
 
 
 class Conversation:
@@ -113,7 +131,7 @@ class Conversation:
         for entry in self._entries:
             if entry.item.id in leaving:
                 entry.in_context = False
-                entry.audio.clear()
+                entry.forget_audio()
 
     def make_room(self, keep: Entry | None = None) -> list[str]:
         """At the item limit, delete the oldest items the model no longer reads (other than
@@ -192,7 +210,7 @@ def entry_context(entry: Entry, *, in_conversation: bool = True) -> list[eng.Con
             if text:
                 out.append(eng.AssistantText(text, item_id=item_id))
         elif index in entry.audio:
-            out.append(eng.UserAudio(int16_to_float(entry.audio[index]), item_id=item_id))
+            out.append(entry.user_audio(index, item_id))
         elif part.type in ("input_audio", "audio") and part.transcript:
             out.append(eng.UserText(part.transcript, item_id=item_id))
         elif part.text:

@@ -21,6 +21,8 @@ which it sends the conversation.
 from __future__ import annotations
 
 import abc
+import functools
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Literal, Union
 
@@ -39,9 +41,19 @@ OUTPUT_SAMPLE_RATE = 24_000
 
 @dataclass
 class UserAudio:
-    """User speech, float32 mono in [-1, 1] at 16 kHz."""
+    """User speech, float32 mono in [-1, 1] at 16 kHz. The samples must not change once the
+    item is made: its `key` is computed from them once."""
     audio: np.ndarray
     item_id: str | None = None
+
+    @functools.cached_property
+    def key(self) -> int:
+        """A 62-bit content hash of the samples: what an engine's caches (prefix, audio
+        encoder) know the clip by. Kept on the item, so a conversation whose items live from
+        turn to turn hashes each clip once, not on every turn."""
+        samples = np.ascontiguousarray(self.audio, dtype=np.float32).reshape(-1)
+        digest = hashlib.blake2b(samples.tobytes(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") & ((1 << 62) - 1)
 
 
 @dataclass

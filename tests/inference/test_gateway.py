@@ -218,6 +218,23 @@ async def test_input_at_24k_is_resampled_to_16k(gateway):
     assert audio.audio.dtype == np.float32
 
 
+async def test_a_clip_reaches_the_engine_as_one_item_turn_after_turn(gateway):
+    """Every request carries the whole conversation: a user clip must come as the same
+    read-only item on every later turn, so that its float samples and content key are made
+    once per call, not again on every turn as the conversation grows."""
+    async with await gateway.client() as c:
+        for seconds in (1.0, 0.5):
+            await c.append_audio(speech_like(seconds))
+            await c.send("input_audio_buffer.commit")
+            await c.wait_for("conversation.item.done")
+            await c.send("response.create")
+            await c.until_done()
+    first, second = gateway.engine.requests[0].context, gateway.engine.requests[1].context
+    assert isinstance(first[0], eng.UserAudio) and second[0] is first[0]
+    assert not first[0].audio.flags.writeable
+    assert first[0].key == eng.UserAudio(first[0].audio.copy()).key  # a key of the content
+    assert second[2].key != first[0].key
+
 async def test_unknown_voice_and_openai_session_fields_are_accepted(gateway):
     async with await gateway.client() as c:
         session = await c.update_session(

@@ -10,7 +10,6 @@ has not seen.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -45,7 +44,7 @@ QWEN2_5_STYLE = PromptStyle()
 @dataclass
 class Clip:
     """One user audio clip of a prompt."""
-    key: int                # content hash of its samples
+    key: int                # content hash of its samples (UserAudio.key)
     samples: np.ndarray     # float32, 16 kHz
     frames: int             # mel frames (what the feature extractor's mask counts)
     tokens: int             # audio tokens it takes in the prompt
@@ -102,12 +101,12 @@ def template_tools(request: GenerationRequest) -> list[dict[str, Any]]:
 
 
 def build_messages(request: GenerationRequest, style: PromptStyle = QWEN2_5_STYLE
-                   ) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
-    """Chat messages for the template, and the user audio clips in the order they appear."""
+                   ) -> tuple[list[dict[str, Any]], list[UserAudio]]:
+    """Chat messages for the template, and the user audio items in the order they appear."""
     # Qwen2.5-Omni's talker only speaks with its own system prompt: the instructions follow it
     system = "\n\n".join(part for part in (style.system_prompt, request.instructions.strip()) if part)
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
-    audios: list[np.ndarray] = []
+    audios: list[UserAudio] = []
 
     def last(role: str) -> dict[str, Any] | None:
         return messages[-1] if messages and messages[-1]["role"] == role else None
@@ -117,7 +116,7 @@ def build_messages(request: GenerationRequest, style: PromptStyle = QWEN2_5_STYL
             part = {"type": "audio", "audio": "<clip>"} if isinstance(item, UserAudio) else {
                 "type": "text", "text": item.text}
             if isinstance(item, UserAudio):
-                audios.append(_as_clip(item.audio))
+                audios.append(item)
             message = last("user")
             if message is None:  # consecutive user items form one turn
                 messages.append(message := {"role": "user", "content": []})
@@ -145,9 +144,9 @@ def build_messages(request: GenerationRequest, style: PromptStyle = QWEN2_5_STYL
 
 def build_prompt(processor, request: GenerationRequest, forced_prefix: str = "",
                  style: PromptStyle = QWEN2_5_STYLE) -> Prompt:
-    """The chat template's text, tokenized, with audio placeholders expanded to one token per
-    encoder frame (as the processor's __call__ does). `forced_prefix` is appended after the
-    generation prompt (the start of a forced tool call)."""
+    """The chat template's text, tokenized, with each audio placeholder expanded to one token
+    per audio-encoder output frame: the ids the processor's __call__ gives. `forced_prefix` is
+    appended after the generation prompt (the start of a forced tool call)."""
     messages, audios = build_messages(request, style)
     tools = template_tools(request) or None
     text = processor.apply_chat_template(
@@ -155,34 +154,30 @@ def build_prompt(processor, request: GenerationRequest, forced_prefix: str = "",
     text += forced_prefix
     extractor = processor.feature_extractor
     clips = []
-    for samples in audios:
+    for audio in audios:
+        samples = _as_clip(audio.audio)
         frames = min(-(-len(samples) // extractor.hop_length),
                      extractor.n_samples // extractor.hop_length)
-        clips.append(Clip(key=clip_key(samples), samples=samples, frames=frames,
-                          tokens=style.audio_tokens(frames)))
-    if clips:
-        text = processor.replace_multimodal_special_tokens(
-            [text], iter([clip.tokens for clip in clips]), iter([]), iter([]),
-            video_second_per_grid=iter([]), use_audio_in_video=False,
-            position_id_per_seconds=25, seconds_per_chunk=2.0)[0]
-    input_ids = processor.tokenizer(text, return_tensors="pt")["input_ids"]
+        clips.append(Clip(key=audio.key, samples=samples, frames=frames, tokens=style.audio_tokens(frames)))
+    # Each clip's placeholder becomes `clip.tokens` audio tokens, as the processor's text
+    # expansion does, but on the ids: the tokenizer then reads one audio token per clip, not
+    # one per encoder frame (most of a long conversation's tokens), and the ids come back as a
+    # list, not through the tokenizer's tensor conversion; both cost host time on every turn.
+    ids = np.asarray(processor.tokenizer(text)["input_ids"], dtype=np.int64)
     audio_id = processor.tokenizer.convert_tokens_to_ids(processor.audio_token)
-    keys = input_ids[0].numpy().astype(np.int64)
+    placeholders = np.flatnonzero(ids == audio_id)
+    if len(placeholders) != len(clips):
+        raise ValueError(f"{len(placeholders)} audio placeholders in the prompt for {len(clips)} clips")
+    repeats = np.ones(len(ids), dtype=np.int64)
+    repeats[placeholders] = [clip.tokens for clip in clips]
+    keys = np.repeat(ids, repeats)
+    input_ids = torch.from_numpy(keys.copy()).unsqueeze(0)
     where = np.flatnonzero(keys == audio_id)
-    if len(where) != sum(clip.tokens for clip in clips):
-        raise ValueError(f"{len(where)} audio tokens in the prompt for "
-                         f"{sum(clip.tokens for clip in clips)} expected")
     if clips:  # audio tokens of clip k, row r → a negative key from the clip's hash and r
         rows = np.concatenate([np.arange(clip.tokens, dtype=np.int64) for clip in clips])
         hashes = np.concatenate([np.full(clip.tokens, clip.key, dtype=np.int64) for clip in clips])
         keys[where] = -1 - ((hashes + rows) & ((1 << 62) - 1))
     return Prompt(input_ids=input_ids, clips=clips, keys=keys, audio_tokens=len(where))
-
-
-def clip_key(samples: np.ndarray) -> int:
-    """A 62-bit content hash of an audio clip."""
-    digest = hashlib.blake2b(np.ascontiguousarray(samples).tobytes(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 62) - 1)
 
 
 def common_prefix(first: np.ndarray, second: np.ndarray) -> int:

@@ -376,7 +376,7 @@ def test_prompt_tokens_and_features_equal_the_processors(engine):
     prompt = build_prompt(processor, req)
     messages, audios = build_messages(req)
     text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    reference = processor(text=text, audio=audios, return_tensors="pt")
+    reference = processor(text=text, audio=[a.audio for a in audios], return_tensors="pt")
     assert torch.equal(prompt.input_ids, reference["input_ids"])
     mask = reference["feature_attention_mask"]
     assert [clip.frames for clip in prompt.clips] == mask.sum(dim=1).tolist()
