@@ -45,8 +45,9 @@ steady levels for the variants after the first; `--py-spy-level N` samples the p
 py-spy for 10 s at level N (where the engine loop's host time goes).
 
 `--profile-steps` times every captured CUDA graph once the engine is up (decode steps per
-batch bucket, the thinker's and talker's side by side on their two streams, ODE solves per
-(steps, batch, frames), vocoder chunks), in milliseconds: what
+batch bucket, the thinker's and talker's side by side on their two streams, a 128-token prompt
+chunk per attention window, ODE solves per (steps, batch, frames), vocoder chunks), in
+milliseconds: what
 `bench/schedule_sim.py`'s cost model needs (`--costs-out FILE` writes them as JSON).
 
 `--variants` runs several engine configurations over the one model (the first at every
@@ -714,6 +715,15 @@ def profile_steps(engine: ReferenceEngine, args) -> None:
     costs["thinker+talker"] = {batch: replay_beside_ms(runner.thinker_decode.graphs[(batch,)],
                                                        runner.talker_decode.graphs[(batch,)], side)
                                for batch in costs["talker"]}
+    # a turn's new tokens (about 100 for 3 s of speech) as one prompt chunk, by attention window:
+    # the window follows the conversation's length, so this is where a longer conversation's
+    # prefill grows
+    for name, chunk in (("thinker chunk", runner.thinker_chunk), ("talker chunk", runner.talker_chunk)):
+        costs[name] = {}
+        for (bucket, window), step in sorted(chunk.graphs.items()):
+            if bucket == 128:
+                chunk.inputs[bucket][2].point([], [])
+                costs[name][f"{bucket}/{window}"] = timed(step)
     for (steps, batch, frames), solve in sorted(runner.token2wav._ode_graphs.items()):
         costs["ode"][f"{steps}/{batch}/{frames}"] = timed(solve.step)
     for (frames, batch), vocoder in sorted(runner.token2wav._vocoder_graphs.items()):
