@@ -428,7 +428,7 @@ def check_worker_kill(report: Report, api_secret: str, calls_m: int) -> tuple[in
                     listed = kubectl_json("-n", NAMESPACE, "get", "pods", "-l", f"{APP}=omni-agent")["items"]
                     mine = next((p for p in listed if p["metadata"]["name"] == pod), None)
                     # a pod being removed (a scale-in despite the wait above) never restarts
-                    # its containers: the conversation is still judged, the restart cannot be
+                    # its containers: its conversation is still judged, its restart cannot be seen
                     removed = mine is None or bool(mine["metadata"].get("deletionTimestamp"))
                     if removed:
                         break
