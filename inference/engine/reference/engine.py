@@ -54,9 +54,9 @@ logger = logging.getLogger(__name__)
 ODE_STEPS, FIRST_ODE_STEPS = 5, 3
 # Under load (a token2wav batch of LOADED_BATCH replies or more, token2wav_stream.py) later
 # chunks take 3 ODE steps, as every first chunk does: 8 DiT evaluations instead of 16, where
-# the decode steps need the GPU most (cuda only). An H200 then carried 40 steady calls at 3 s in / 4 s replies, 32 at
-# 2 s / 8 s and 40 of a 1-6 s / 1-10 s mix, against 32, 24 and 28 with 5 steps
-# (docs/reference-engine.md, "Fewer DiT evaluations under load").
+# the decode steps need the GPU most (cuda only). An H200 then carried 40 steady calls at 3 s
+# in / 4 s replies, 32 at 2 s / 8 s and 40 of a 1-6 s / 1-10 s mix, against 32, 24 and 28
+# with 5 steps (docs/reference-engine.md, "Fewer DiT evaluations under load").
 LOADED_ODE_STEPS = 3
 CHUNK_BLOCKS = 2
 

@@ -37,11 +37,10 @@ import torch
 
 from .phases import PhaseClock
 
-
-
 # the smallest token2wav batch that counts as load (ChunkPlan.loaded_batch's default): chunks
 # batch up when the GPU is busy (5.5 replies a batch at 32 steady calls, 1 alone; H200)
 LOADED_BATCH = 6
+
 
 @dataclass(frozen=True)
 class ChunkPlan:
