@@ -46,9 +46,9 @@ py-spy for 10 s at level N (where the engine loop's host time goes).
 
 `--profile-steps` times every captured CUDA graph once the engine is up (decode steps per
 batch bucket, the thinker's and talker's side by side on their two streams, a 128-token prompt
-chunk per attention window, ODE solves per (steps, batch, frames), vocoder chunks), in
-milliseconds: what
-`bench/schedule_sim.py`'s cost model needs (`--costs-out FILE` writes them as JSON).
+chunk per attention window (ending at the window's end), ODE solves per (steps, batch,
+frames), vocoder chunks), in milliseconds: what `bench/schedule_sim.py`'s cost model needs
+(`--costs-out FILE` writes them as JSON).
 
 `--variants` runs several engine configurations over the one model (the first at every
 level, the others at `--variant-sessions`, default the first level; see VARIANTS). `--check`
@@ -715,14 +715,14 @@ def profile_steps(engine: ReferenceEngine, args) -> None:
     costs["thinker+talker"] = {batch: replay_beside_ms(runner.thinker_decode.graphs[(batch,)],
                                                        runner.talker_decode.graphs[(batch,)], side)
                                for batch in costs["talker"]}
-    # a turn's new tokens (about 100 for 3 s of speech) as one prompt chunk, by attention window:
-    # the window follows the conversation's length, so this is where a longer conversation's
-    # prefill grows
+    # a turn's new tokens (about 100 for 3 s of speech) as one prompt chunk, by attention window,
+    # the chunk ending at the window's end (on the scratch row): a conversation that fills the
+    # window, so this is where a longer conversation's prefill grows
     for name, chunk in (("thinker chunk", runner.thinker_chunk), ("talker chunk", runner.talker_chunk)):
         costs[name] = {}
         for (bucket, window), step in sorted(chunk.graphs.items()):
             if bucket == 128:
-                chunk.inputs[bucket][2].point([], [])
+                chunk.inputs[bucket][2].point([chunk.pool.scratch], [window - bucket])
                 costs[name][f"{bucket}/{window}"] = timed(step)
     for (steps, batch, frames), solve in sorted(runner.token2wav._ode_graphs.items()):
         costs["ode"][f"{steps}/{batch}/{frames}"] = timed(solve.step)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-NUMPY_DTYPES = {torch.int64: np.int64, torch.bool: np.bool_}
+NUMPY_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.bool: np.bool_}
 
 
 def copy_from_host(target: torch.Tensor, values) -> None:

@@ -16,9 +16,10 @@ attention function with the mask it was given, and attention.py's `pool_attentio
 and positions from the view. Each layer's view carries its own pool tensors, so one compiled
 function serves every layer of a model (compiled.py): nothing in it depends on which layer.
 
-Decode steps attend each row up to its own length straight from the pool (attention.py);
-prompt chunks gather `window` slots and `mask()` hides the slots past each query's position,
-so the math is the dynamic cache's (masked slots get exactly zero weight).
+Decode steps attend each row up to its own length straight from the pool (attention.py),
+and so do a GPU's one-row prompt chunks (`key_span`); elsewhere a chunk gathers `window`
+slots and `mask()` hides the slots past each query's position, so the math is the dynamic
+cache's (masked slots get exactly zero weight).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .host_copy import copy_from_host
+from .host_copy import copy_from_host, to_device
 from .joined_layers import is_joined, joined_decoder_layer
 
 SMALLEST_WINDOW = 512
@@ -79,6 +80,14 @@ class BatchView:
         self.pool = pool
         self.rows = torch.full((batch,), pool.scratch, dtype=torch.long, device=pool.device)
         self.write_pos = torch.zeros((batch, queries), dtype=torch.long, device=pool.device)
+        # a one-row chunk's keys, its new ones included, as [first, end) of a layer's pool
+        # seen as one sequence of (slots + 1) × capacity positions, and its queries as [0, n):
+        # where the chunk's fused attention reads them in place (attention.py). Decode steps
+        # read rows and lengths instead.
+        self.key_span = self.query_span = None
+        if batch == 1 and queries > 1:
+            self.key_span = torch.zeros(2, dtype=torch.int32, device=pool.device)
+            self.query_span = to_device([0, queries], pool.device, torch.int32)
         self.window = pool.windows[0]
         self.layers = [LayerView(self, keys, values) for keys, values in zip(pool.keys, pool.values)]
 
@@ -90,6 +99,9 @@ class BatchView:
         copy_from_host(self.rows, rows + [self.pool.scratch] * padding)
         first = np.array(starts + [0] * padding)[:, None]
         copy_from_host(self.write_pos, first + np.arange(queries)[None, :])
+        if self.key_span is not None:
+            row_start = (rows[0] if rows else self.pool.scratch) * self.pool.capacity
+            copy_from_host(self.key_span, [row_start, row_start + int(first[0, 0]) + queries])
 
     def mask(self) -> torch.Tensor:
         """(B, 1, n, window): each query sees its row's slots up to its own position."""
