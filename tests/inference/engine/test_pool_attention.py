@@ -115,7 +115,7 @@ def test_a_chunk_view_names_its_rows_keys_in_the_flattened_pool():
     (28, 1, 0, 64),        # a first chunk, the thinker's 7 query heads per KV head
     (28, 0, 300, 128),     # a later turn's chunk inside the window
     (12, 2, 1024 - 128, 128),  # the talker's grouping, a chunk ending at the pool's capacity
-    (12, 3, 0, 9),         # the scratch row (a padded view), an odd length
+    (12, None, 0, 9),      # no row: the scratch row (a padded view), an odd length
 ])
 def test_a_chunk_read_in_place_equals_the_gathered_window(query_heads, row, start, n):
     """On a GPU in bfloat16 `pool_attention` runs a one-row chunk by flash attention's
@@ -123,7 +123,10 @@ def test_a_chunk_read_in_place_equals_the_gathered_window(query_heads, row, star
     own position, as the gathered window's SDPA with the causal mask does (here in float32)."""
     pool = one_layer_pool(query_heads, 4, 128, 1024, slots=3, device="cuda", dtype=torch.bfloat16)
     view = BatchView(pool, 1, n)
-    view.point([row] if row < 3 else [], [start] if row < 3 else [])
+    if row is None:
+        view.point([], [])
+    else:
+        view.point([row], [start])
     view.window = pool.window_for(start + n)
     generator = torch.Generator("cuda").manual_seed(2)
     query = torch.randn((1, n, query_heads, 128), generator=generator, device="cuda",
