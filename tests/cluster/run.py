@@ -432,8 +432,8 @@ def check_worker_kill(report: Report, api_secret: str, calls_m: int) -> tuple[in
                     removed = mine is None or bool(mine["metadata"].get("deletionTimestamp"))
                     if removed:
                         break
-                    now = next(s for s in mine["status"]["containerStatuses"] if s["name"] == "omni-worker")[
-                        "restartCount"]
+                    worker = next(s for s in mine["status"]["containerStatuses"] if s["name"] == "omni-worker")
+                    now = worker["restartCount"]
                     if now > restarts:
                         break
                     await asyncio.sleep(2.0)
