@@ -1,6 +1,6 @@
 """How many calls the worker takes by default: from the steady-state benchmark's measurements.
 
-`bench/reference_gpu.py --steady` measures the calls one GPU carries with the reference engine
+`python -m bench.reference steady` measures the calls one GPU carries with the reference engine
 the way calls really arrive (staggered callers that speak and hear each reply in real time):
 the largest level whose first audio p95 is at most 0.6 s and at most 5 % of whose replies
 have a gap (docs/reference-engine.md, "Measured"). MEASURED holds that figure per GPU and
@@ -16,6 +16,21 @@ follow from the row for the GPU it finds:
   keeps one slot between its turns (its conversation's prefix cache) and may need a second
   while its turn is transcribed in the background. `--engine-option kv_slots=N` or
   `context_tokens=N` size the pool by hand instead.
+
+A deployment that caps the engine's memory (`--engine-option gpu_memory_gb=80`: an H200
+standing in for an 80 GB H100) or loads 8-bit or 4-bit weights (`quantization=int8|fp8|int4`,
+Qwen3-Omni) looks for its own row in VARIANTS first (GPU, family, cap, weights). Without one:
+quantized weights keep the figure measured with the checkpoint's weights (they read fewer bytes
+a step and leave more memory for KV: that figure is a floor); a cap halves the GPU's figure (the
+weights take as much memory as before, so the KV pool shrinks by more than the cap's share;
+the engine itself sizes its slots from what is left under the cap). Either way the start-up
+line says the figure was not measured for that setting.
+
+The rows were measured under the reference engine's `fast` preset. Qwen2.5-Omni's `exact`
+preset (the default) runs token2wav's DiT in float32 with 10 ODE steps for every chunk, several
+times the audio decoder's work per second of speech: until a run measures it, it gets a
+quarter of the `fast` figure. Qwen3-Omni's two presets decode alike (they differ in the quick
+start alone), so its row stands for both.
 
 A GPU without a row gets UNKNOWN_GPU, half the smallest measured figure: the benchmark on that
 GPU (and a row here) gives its own. A CPU gets CPU (tiny-random for development; a real model
@@ -63,22 +78,48 @@ MEASURED: dict[tuple[str, str], Capacity] = {
         24, "measured on an NVIDIA H200 at Qwen3-Omni-30B-A3B's shapes, 3 s in / 4 s replies: "
             "bench/results/2026-12-03-h200-qwen3-omni-run6.log"),
 }
+# (GPU, model family, gpu_memory_gb or None, quantization or None) → calls: the measured runs of
+# capped or 8-bit deployments (`python -m bench.reference steady` with those engine options)
+VARIANTS: dict[tuple[str, str, float | None, str | None], Capacity] = {}
+MEASURED_PRESET = "fast"  # the preset the rows above were measured under
+# what another preset's unmeasured figure is divided by, per family (module doc)
+UNMEASURED_PRESET_DIVISOR = {"qwen2.5-omni": 4, "qwen3-omni": 1}
 UNKNOWN_GPU = Capacity(
     min(c.calls for c in MEASURED.values()) // 2,
-    "not measured on this GPU: half the smallest measured figure (run bench/reference_gpu.py "
-    "--steady there and add it to inference/capacity.py)")
+    "not measured on this GPU: half the smallest measured figure (run `python -m bench.reference "
+    "steady` there and add it to inference/capacity.py)")
 CPU = Capacity(8, "a CPU: tiny-random for development, not a measured capacity")
 OTHER_ENGINE = Capacity(16, "not measured for this engine: the worker's former fixed default")
 
 
-def capacity_for(engine: str, device: str, gpu_name: str | None, family: str | None) -> Capacity:
+def capacity_for(engine: str, device: str, gpu_name: str | None, family: str | None,
+                 gpu_memory_gb: float | None = None, quantization: str | None = None, *,
+                 preset: str = MEASURED_PRESET) -> Capacity:
     """The capacity of `engine` on `device` ("cuda", "cuda:1", "cpu"), whose GPU is `gpu_name`,
-    serving a model of `family` ("qwen2.5-omni", "qwen3-omni")."""
+    serving a model of `family` ("qwen2.5-omni", "qwen3-omni") under the reference engine's
+    `preset`, the engine capped at `gpu_memory_gb` GiB and its weights quantized as
+    `quantization` says (module doc)."""
     if engine != "reference":
         return OTHER_ENGINE
     if not device.startswith("cuda"):
         return CPU
-    return MEASURED.get((gpu_name or "", family or ""), UNKNOWN_GPU)
+    whole = MEASURED.get((gpu_name or "", family or ""), UNKNOWN_GPU)
+    divisor = UNMEASURED_PRESET_DIVISOR.get(family or "", 1)
+    if preset != MEASURED_PRESET and whole is not UNKNOWN_GPU and divisor > 1:
+        whole = Capacity(max(1, whole.calls // divisor),
+                         f"the {preset} preset not measured: 1/{divisor} of the {MEASURED_PRESET} preset's "
+                         f"figure, {whole.calls} ({whole.source})")
+    quantization = None if quantization in (None, "none") else quantization
+    if gpu_memory_gb is None and quantization is None:
+        return whole
+    measured = VARIANTS.get((gpu_name or "", family or "", gpu_memory_gb, quantization))
+    if measured is not None:
+        return measured
+    if gpu_memory_gb is None:
+        return Capacity(whole.calls, f"{quantization} weights not measured; the figure with the checkpoint's "
+                                     f"weights, a floor: {whole.source}")
+    return Capacity(max(1, whole.calls // 2), f"capped at {gpu_memory_gb:g} GiB, not measured: half the whole "
+                                              f"GPU's figure ({whole.source})")
 
 
 def detect(engine: str, model: str, device: str) -> tuple[str, str | None, str | None]:
@@ -96,9 +137,10 @@ def detect(engine: str, model: str, device: str) -> tuple[str, str | None, str |
     return str(resolved), gpu, family_for(model).name
 
 
-def choose(engine: str, model: str, device: str) -> Capacity:
+def choose(engine: str, model: str, device: str, gpu_memory_gb: float | None = None,
+           quantization: str | None = None, preset: str = MEASURED_PRESET) -> Capacity:
     """The capacity of the worker these settings describe, on this machine."""
-    return capacity_for(engine, *detect(engine, model, device))
+    return capacity_for(engine, *detect(engine, model, device), gpu_memory_gb, quantization, preset=preset)
 
 
 def apply(settings) -> str:
@@ -107,7 +149,10 @@ def apply(settings) -> str:
     the start-up line that says which figures were used and where they come from."""
     limits, extra = settings.limits, settings.engine_extra
     if limits.max_sessions is None:
-        chosen = choose(settings.engine, settings.model, settings.device)
+        cap = extra.get("gpu_memory_gb")
+        chosen = choose(settings.engine, settings.model, settings.device,
+                        float(cap) if cap is not None else None, extra.get("quantization"),
+                        settings.preset)
         limits.max_sessions = chosen.calls
         line = f"capacity: {chosen.calls} sessions ({chosen.source})"
     else:

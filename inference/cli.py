@@ -36,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
                             "the measured capacity of the GPU found (inference/capacity.py)")
     serve.add_argument("--device", default=defaults.device, help="reference engine: cuda, cpu or auto")
     serve.add_argument("--dtype", default=defaults.dtype, help="reference engine: bfloat16, float32 or auto")
+    serve.add_argument("--preset", choices=("exact", "fast"), default=defaults.preset,
+                       help="reference engine: exact (the model's own computation) or fast (the measured "
+                            "trade-offs that carry more calls; env OMNI_PRESET); --engine-option wins over it")
     serve.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
                        help="engine-specific option, repeatable (values are JSON when they parse as JSON), "
                             "e.g. --engine-option ode_steps=5 --engine-option max_concurrency=4")
@@ -76,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     origins = {} if args.allowed_origins is None else {"allowed_origins": args.allowed_origins}  # else env's
     settings = WorkerSettings(
         engine=args.engine, model=args.model, host=args.host, port=args.port,
-        insecure_no_auth=args.insecure_no_auth, device=args.device, dtype=args.dtype, **origins,
+        insecure_no_auth=args.insecure_no_auth, device=args.device, dtype=args.dtype,
+        preset=args.preset, **origins,
         limits=Limits(max_sessions=args.max_sessions),
         engine_extra=_engine_options(args.engine_option),
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -36,6 +36,40 @@ class Limits(BaseSettings):
     client_connections_per_s: float = Field(10.0, gt=0, description="/v1/ requests per client address, sustained")
     client_connection_burst: int = Field(60, ge=1, description="/v1/ requests per client address in a burst")
     shutdown_grace_s: float = Field(5.0, ge=0, description="on SIGTERM, time for sessions to take their close frame")
+    # memory and CPU one session may take (docs/hardening.md, "Memory and CPU per session")
+    max_session_bytes: int = Field(64 * 1024 * 1024, ge=1024 * 1024,
+                                   description="what one session holds: conversation text and audio (as the engine "
+                                   "reads it), the input buffer and queued transcriptions")
+    max_item_parts: int = Field(32, ge=1, description="content parts in one item")
+    max_id_chars: int = Field(128, ge=8, description="an id a client gives: event, item, previous item, call, response")
+    max_name_chars: int = Field(64, ge=1, description="a function or tool name")
+    max_pending_transcriptions: int = Field(8, ge=1, description="committed turns waiting for their transcription")
+    input_audio_speed: float = Field(4.0, gt=0, description="input audio appended per second of wall time, sustained, "
+                                     "in seconds of audio (4: four times real time)")
+    input_audio_burst_s: float = Field(180.0, gt=0, description="input audio a client may append at once above that "
+                                       "pace (a reconnecting client replays its unfinished turns)")
+    # pictures (docs/vision.md): what one may be, and how many the model reads at once
+    max_image_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="one picture as sent (PNG or JPEG bytes, "
+                                 "after base64) or downloaded")
+    max_image_source_pixels: int = Field(40_000_000, ge=1024, description="one picture as sent, width × height, "
+                                         "checked before it is decoded (a small file can decode to gigabytes)")
+    image_low_pixels: int = Field(448 * 448, ge=1024, description="detail 'low': a picture is resized to at most "
+                                  "this many pixels")
+    image_high_pixels: int = Field(1024 * 1024, ge=1024, description="detail 'high' and 'auto': at most this many "
+                                   "pixels (and at most the model's own maximum)")
+    max_images_per_response: int = Field(16, ge=1, description="pictures the model reads in one response; the "
+                                         "oldest leave the model's context beyond it (their items stay)")
+    max_context_image_tokens: int = Field(8192, ge=64, description="image tokens the model reads in one response; "
+                                          "the oldest pictures leave the model's context beyond it")
+    image_url_hosts: list[str] = Field(default_factory=list, description="hosts an https image_url may name "
+                                       "(exact names); none: only data: URLs are taken")
+    image_download_timeout_s: float = Field(5.0, gt=0, description="fetching one picture from an allowed host")
+    prepare_threads: int = Field(2, ge=1, le=64, description="threads that render prompts, for all sessions")
+    # the worker as a whole: refuse sessions, then close the largest, before the container's
+    # memory limit kills the process and every call on it
+    max_worker_rss_mb: float | None = Field(None, gt=0, description="resident memory of the worker; at "
+                                            "90 % new sessions get 503, over it the session holding the most is "
+                                            "closed; unset: 90 % of the container's memory limit (none without one)")
 
 
 class WorkerSettings(BaseSettings):
@@ -54,9 +88,13 @@ class WorkerSettings(BaseSettings):
     allowed_origins: list[str] = Field(default_factory=list)
     device: str = "auto"
     dtype: str = "auto"
+    # the reference engine's defaults: "exact" (the model's own computation) or "fast" (the
+    # measured trade-offs that carry more calls); options given one by one win over it
+    preset: Literal["exact", "fast"] = "exact"
     limits: Limits = Field(default_factory=Limits)
     engine_extra: dict[str, Any] = Field(default_factory=dict, description="engine-specific keyword options")
 
     def engine_options(self) -> dict[str, Any]:
-        base = {"device": self.device, "dtype": self.dtype} if self.engine == "reference" else {}
+        base = ({"device": self.device, "dtype": self.dtype, "preset": self.preset}
+                if self.engine == "reference" else {})
         return {**base, **self.engine_extra}

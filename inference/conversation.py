@@ -10,10 +10,23 @@ in OpenAI's Realtime API they stay in the conversation (listed, retrievable, the
 kept), but their audio is freed at once (nobody reads it again, so a long call's memory stays
 flat, and the audio limit counts only what the model reads), and when the item limit is
 reached the oldest of them are deleted to make room (`make_room`).
+
+Pictures (`input_image` parts) are kept as the RGB pixels the engine reads, decoded and
+resized once when the item is made (inference.images); their bytes are not kept, and items
+echo the part without its URL. The model reads at most so many pictures (and image tokens) in
+one response: `limit_images` takes the oldest out of the context beyond that (the item stays,
+with its words), down to half of each limit at once, so the prompt's start then stays the same
+for the turns after (an engine's prefix cache keeps serving them).
+
+Memory: each clip is kept once, as the float32 samples the engine reads (its engine item
+shares them), and `nbytes` counts what the conversation holds (audio, text, a fixed cost per
+item and part), which is what the session's memory budget checks.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -32,33 +45,95 @@ class ConversationError(ValueError):
         self.code, self.message, self.param = code, message, param
 
 
+# What an item and a content part cost beside their text and audio (the pydantic objects, the
+# dict entries): so that a flood of empty items or parts is counted too
+ITEM_OVERHEAD_BYTES = 1024
+PART_OVERHEAD_BYTES = 512
+
+
+def text_bytes(text: str | None) -> int:
+    """Memory a text takes: the string, and the UTF-8 copy CPython caches in a non-ASCII string
+    once it has been serialised (every item is echoed to the client)."""
+    if not text:
+        return 0
+    return sys.getsizeof(text) + (0 if text.isascii() else len(text.encode("utf-8", "surrogatepass")))
+
+
 @dataclass
 class Entry:
     item: Item
-    # user audio by content index, int16 at 16 kHz
+    # user audio by content index: float32 at 16 kHz, the samples the engine reads (int16 given
+    # here is converted once); read-only, as the engine's item keys the clip by its content
     audio: dict[int, np.ndarray] = field(default_factory=dict)
     # assistant audio produced (or, after truncation, heard) in milliseconds
     audio_ms: int = 0
     # read by the model; False once context truncation has left it out (for good)
     in_context: bool = True
-    # the engine's items for `audio`, by (content index, item id): made on the first turn
-    # that reads them and kept, so each clip is converted to float and hashed once per call,
-    # not again on every turn as the conversation grows
+    # the engine's items for `audio`, by (content index, item id): made on the first turn that
+    # reads them and kept (they share the samples), so each clip is hashed once per call, not
+    # again on every turn as the conversation grows
     _user_audio: dict[tuple[int, str | None], eng.UserAudio] = field(default_factory=dict, repr=False)
+    # user pictures by content index, as the engine reads them (item_id None: named per use)
+    images: dict[int, eng.UserImage] = field(default_factory=dict)
+    _nbytes: int | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        for index, samples in self.audio.items():
+            if samples.dtype != np.float32:
+                samples = int16_to_float(samples)
+            samples.flags.writeable = False
+            self.audio[index] = samples
 
     def user_audio(self, index: int, item_id: str | None) -> eng.UserAudio:
-        """The engine's item for the audio of content part `index`."""
+        """The engine's item for the audio of content part `index` (the same samples)."""
         made = self._user_audio.get((index, item_id))
         if made is None:
-            samples = int16_to_float(self.audio[index])
-            samples.flags.writeable = False  # the item's key is computed from these once
-            made = self._user_audio[(index, item_id)] = eng.UserAudio(samples, item_id=item_id)
+            made = self._user_audio[(index, item_id)] = eng.UserAudio(self.audio[index], item_id=item_id)
         return made
 
+    def user_image(self, index: int, item_id: str | None) -> eng.UserImage:
+        """The engine's item for the picture of content part `index`, named `item_id` (the
+        same pixels, and the key already hashed)."""
+        image = self.images[index]
+        if image.item_id == item_id:
+            return image
+        named = dataclasses.replace(image, item_id=item_id)
+        if "key" in image.__dict__:
+            named.__dict__["key"] = image.__dict__["key"]
+        return named
+
     def forget_audio(self) -> None:
-        """Free the user audio (the item has left the model's context for good)."""
+        """Free the user audio and pictures (the item has left the model's context for good)."""
         self.audio.clear()
         self._user_audio.clear()
+        self.images.clear()
+        self._nbytes = None
+
+    def forget_image(self, index: int) -> None:
+        """Free one picture: the model no longer reads it (`Conversation.limit_images`)."""
+        self.images.pop(index, None)
+        self._nbytes = None
+
+    def changed(self) -> None:
+        """The item's text changed (a reply streaming into it, a truncation): count it again."""
+        self._nbytes = None
+
+    @property
+    def nbytes(self) -> int:
+        if self._nbytes is None:
+            item = self.item
+            size = ITEM_OVERHEAD_BYTES + sum(a.nbytes for a in self.audio.values())
+            size += sum(image.pixels.nbytes for image in self.images.values())
+            size += text_bytes(item.id)
+            if isinstance(item, FunctionCallItem):
+                size += text_bytes(item.call_id) + text_bytes(item.name) + text_bytes(item.arguments)
+            elif isinstance(item, FunctionCallOutputItem):
+                size += text_bytes(item.call_id) + text_bytes(item.output)
+            else:
+                size += sum(PART_OVERHEAD_BYTES + text_bytes(part.text) + text_bytes(part.transcript)
+                            for part in item.content)
+            self._nbytes = size
+        return self._nbytes
 
 
 class Conversation:
@@ -85,6 +160,34 @@ class Conversation:
 
     def audio_samples(self) -> int:
         return sum(a.size for e in self._entries for a in e.audio.values())
+
+    @property
+    def nbytes(self) -> int:
+        """What the conversation holds in memory (`Entry.nbytes`), for the session's budget."""
+        return sum(entry.nbytes for entry in self._entries)
+
+    def images_in_context(self) -> list[tuple[Entry, int]]:
+        """The pictures the model reads, oldest first, as (entry, content index)."""
+        return [(entry, index) for entry in self._entries if entry.in_context for index in sorted(entry.images)]
+
+    def limit_images(self, max_images: int, max_tokens: int) -> list[str]:
+        """When the model would read more than `max_images` pictures or `max_tokens` image
+        tokens, the oldest pictures leave its context (their items and words stay) until what
+        is left is within half of each (at least the newest picture stays, unless no picture
+        fits at all: a response's own input took the room). Returns the ids of the items whose
+        pictures left."""
+        pictures = self.images_in_context()
+        tokens = sum(entry.images[index].tokens for entry, index in pictures)
+        if len(pictures) <= max_images and tokens <= max_tokens:
+            return []
+        keep = 1 if max_images > 0 and max_tokens > 0 else 0
+        left: list[str] = []
+        while len(pictures) > keep and (len(pictures) > max(keep, max_images // 2) or tokens > max_tokens // 2):
+            entry, index = pictures.pop(0)
+            tokens -= entry.images[index].tokens
+            entry.forget_image(index)
+            left.append(entry.item.id)  # type: ignore[arg-type]
+        return list(dict.fromkeys(left))
 
     def add(self, entry: Entry, previous_item_id: str | None = None, *,
             from_response: bool = False) -> tuple[str | None, list[str]]:
@@ -121,6 +224,10 @@ class Conversation:
 
     def delete(self, item_id: str) -> None:
         self._entries.remove(self.get(item_id))
+
+    def clear(self) -> None:
+        """Drop every item (the session is over): freed now, not when the session's object is."""
+        self._entries.clear()
 
     def leave_context(self, item_ids: Iterable[str]) -> None:
         """These items (the ones a response's cut left out of what the model read) leave the
@@ -169,6 +276,7 @@ class Conversation:
             part.transcript = cut_transcript(full, audio_end_ms / entry.audio_ms if entry.audio_ms else 0.0)
         entry.audio_ms = audio_end_ms
         item.status = "incomplete" if part.transcript != full else item.status
+        entry.changed()
 
     def to_context(self) -> list[eng.ContextItem]:
         """The items the model still reads, as engine context items named by their item ids."""
@@ -211,6 +319,8 @@ def entry_context(entry: Entry, *, in_conversation: bool = True) -> list[eng.Con
                 out.append(eng.AssistantText(text, item_id=item_id))
         elif index in entry.audio:
             out.append(entry.user_audio(index, item_id))
+        elif index in entry.images:
+            out.append(entry.user_image(index, item_id))
         elif part.type in ("input_audio", "audio") and part.transcript:
             out.append(eng.UserText(part.transcript, item_id=item_id))
         elif part.text:

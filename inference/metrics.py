@@ -41,6 +41,11 @@ class WorkerMetrics:
             buckets=_FAST_BUCKETS, registry=r)
         self.output_audio_seconds = Counter(
             "omni_output_audio_seconds_total", "Seconds of audio sent to clients", registry=r)
+        self.input_images = Counter(
+            "omni_input_images_total", "Pictures added to conversations (input_image parts accepted)", registry=r)
+        self.input_image_tokens = Counter(
+            "omni_input_image_tokens_total",
+            "Image tokens in finished responses' prompts; cached: read from the prefix cache", ["cached"], registry=r)
         self.context_truncations = Counter(
             "omni_context_truncations_total",
             "Responses for which the oldest conversation items left the model's context (truncation)", registry=r)

@@ -20,7 +20,7 @@ import secrets
 from typing import Annotated, Any, Literal, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
 
 def new_id(prefix: str) -> str:
@@ -134,12 +134,25 @@ class SessionUpdateParams(_Model):
 # --------------------------------------------------------------------------- conversation items
 
 class ContentPart(_Model):
-    # input_text / input_audio (user, system), output_text / output_audio (assistant);
-    # "text" and "audio" are the beta names, still accepted on input.
-    type: Literal["input_text", "input_audio", "output_text", "output_audio", "text", "audio"]
+    # input_text / input_audio / input_image (user, system), output_text / output_audio
+    # (assistant); "text" and "audio" are the beta names, still accepted on input.
+    type: Literal["input_text", "input_audio", "input_image", "output_text", "output_audio", "text", "audio"]
     text: str | None = None
     audio: str | None = None
     transcript: str | None = None
+    # input_image: a data: URL (PNG or JPEG), or an http(s) URL on a host the deployment allows.
+    # Never echoed: the worker keeps the decoded picture, and an item's id refers to it.
+    image_url: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None
+
+    @model_serializer(mode="wrap")
+    def _leave_out_image_fields(self, handler: Any) -> dict[str, Any]:
+        # only an input_image part carries image fields; other parts keep their usual shape
+        data = handler(self)
+        if self.type != "input_image":
+            data.pop("image_url", None)
+            data.pop("detail", None)
+        return data
 
 
 class MessageItem(_Model):

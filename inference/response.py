@@ -47,16 +47,41 @@ class ResponseRun:
         self._audio_samples = 0
         self._read = eng.PromptRead(0)  # what the model read, for the usage of a reply that does not finish
         self.cancel_reason = "client_cancelled"
+        self.announced = False  # response.created sent
+        self.finished = False  # response.done sent
         if conversation is not None:  # the model reads the conversation from its first item sent
             response.context_start_item_id = next(
                 (item.item_id for item in request.context if item.item_id is not None), None)
+            # a cut the engine settles after a cancel still applies (inference.engine.prepare);
+            # the hook holds what it needs, not this run: the request must not keep the run
+            # (and through it the whole conversation's text) alive in a reference cycle
+            request.on_late_cut = _late_cut_hook(response.id, _read_ids(request), conversation, send, metrics)
 
     @property
     def id(self) -> str:
         return self.response.id
 
+    async def announce(self) -> None:
+        """response.created: sent by the session as it takes the request, before the task that
+        runs it starts, so that a cancel read right after still finds a response to end."""
+        if not self.announced:
+            self.announced = True
+            await self._send(p.ResponseCreated(response=self.response))
+
+    async def end_unfinished(self) -> None:
+        """The run never got to its response.done (cancelled before it started, or a bug of
+        ours): the client still gets created, then done, as for any response."""
+        if self.finished:
+            return
+        await self.announce()
+        if self.response.usage is None:
+            self.response.usage = _usage(self._read.input_tokens, self._read.input_audio_tokens, 0, 0, 0, 0,
+                                         self._read.input_image_tokens)
+        self._metrics.cancels.labels(self.cancel_reason).inc()
+        await self._finish("cancelled", {"type": "cancelled", "reason": self.cancel_reason})
+
     async def run(self) -> None:
-        await self._send(p.ResponseCreated(response=self.response))
+        await self.announce()
         finished: eng.Finished | None = None
         failure: eng.EngineError | None = None
         cancelled = False
@@ -82,7 +107,8 @@ class ResponseRun:
 
         if finished is None:  # what was read, as OpenAI reports it for any response; the
             # engines count the reply's own tokens only when it ends
-            self.response.usage = _usage(self._read.input_tokens, self._read.input_audio_tokens, 0, 0, 0, 0)
+            self.response.usage = _usage(self._read.input_tokens, self._read.input_audio_tokens, 0, 0, 0, 0,
+                                         self._read.input_image_tokens)
         if cancelled:
             self._metrics.cancels.labels(self.cancel_reason).inc()
             await self._finish("cancelled", {"type": "cancelled", "reason": self.cancel_reason})
@@ -117,6 +143,7 @@ class ResponseRun:
             await self._emit_function_call(delta)
             return
         entry = self._message or await self._open_message()
+        entry.changed()  # its text grows: the session's memory budget counts it again
         ids = dict(response_id=self.id, item_id=entry.item.id, output_index=len(self.response.output) - 1)
         part = entry.item.content[0]
         if isinstance(delta, eng.TextDelta):
@@ -173,6 +200,7 @@ class ResponseRun:
                    call_id=call.call_id)
         await self._send(p.ResponseFunctionCallArgumentsDelta(**ids, delta=call.arguments))
         item.arguments = call.arguments
+        entry.changed()
         await self._send(p.ResponseFunctionCallArgumentsDone(**ids, name=call.name, arguments=call.arguments))
         item.status = "completed"
         await self._done_output_item(entry)
@@ -197,19 +225,13 @@ class ResponseRun:
         the conversation elsewhere know at once, and response.done's usage counts what was read)."""
         if self._conversation is None:
             return
-        read = list(dict.fromkeys(item.item_id for item in self.request.context if item.item_id is not None))
-        left = read[:read.index(delta.first_item_id)] if delta.first_item_id in read else []
-        self._conversation.leave_context(left)
         self.response.context_start_item_id = delta.first_item_id
-        self._metrics.context_truncations.inc()
-        log.info("response %s: %d conversation items (%d tokens) left the model's context; it now starts at %s",
-                 self.id, delta.dropped_items, delta.dropped_tokens, delta.first_item_id)
-        await self._send(p.ResponseContextTruncated(
-            response_id=self.id, context_start_item_id=delta.first_item_id, item_ids=left))
+        await _apply_cut(self.id, _read_ids(self.request), self._conversation, self._send, self._metrics, delta)
 
     # ------------------------------------------------------------------ the end
 
     async def _finish(self, status: str, details: dict | None) -> None:
+        self.finished = True
         await self._close_message("completed" if status == "completed" else "incomplete")
         self.response.status = status  # type: ignore[assignment]
         self.response.status_details = details
@@ -219,7 +241,12 @@ class ResponseRun:
     def _record_usage(self, finished: eng.Finished) -> None:
         self.response.usage = _usage(finished.input_tokens, finished.input_audio_tokens, finished.cached_tokens,
                                      finished.cached_audio_tokens, finished.output_text_tokens,
-                                     finished.output_audio_tokens)
+                                     finished.output_audio_tokens, finished.input_image_tokens,
+                                     finished.cached_image_tokens)
+        if finished.input_image_tokens:
+            cached = finished.cached_image_tokens
+            self._metrics.input_image_tokens.labels("true").inc(cached)
+            self._metrics.input_image_tokens.labels("false").inc(finished.input_image_tokens - cached)
         timings = finished.timings
         if "queue_wait_s" in timings:
             self._metrics.queue_wait.observe(timings["queue_wait_s"])
@@ -229,19 +256,49 @@ class ResponseRun:
 
 
 def _usage(input_tokens: int, input_audio: int, cached: int, cached_audio: int, text_out: int,
-           audio_out: int) -> p.Usage:
+           audio_out: int, input_image: int = 0, cached_image: int = 0) -> p.Usage:
     """OpenAI's usage shape: input and output by modality, the cached part of the input too."""
     return p.Usage(
         total_tokens=input_tokens + text_out + audio_out,
         input_tokens=input_tokens,
         output_tokens=text_out + audio_out,
         input_token_details={
-            "text_tokens": input_tokens - input_audio, "audio_tokens": input_audio, "image_tokens": 0,
-            "cached_tokens": cached,
-            "cached_tokens_details": {"text_tokens": cached - cached_audio, "audio_tokens": cached_audio,
-                                      "image_tokens": 0}},
+            "text_tokens": input_tokens - input_audio - input_image, "audio_tokens": input_audio,
+            "image_tokens": input_image, "cached_tokens": cached,
+            "cached_tokens_details": {"text_tokens": cached - cached_audio - cached_image,
+                                      "audio_tokens": cached_audio, "image_tokens": cached_image}},
         output_token_details={"text_tokens": text_out, "audio_tokens": audio_out},
     )
+
+
+def _read_ids(request: eng.GenerationRequest) -> list[str]:
+    return list(dict.fromkeys(item.item_id for item in request.context if item.item_id is not None))
+
+
+async def _apply_cut(response_id: str, read: list[str], conversation: Conversation, send: Send,
+                     metrics: WorkerMetrics, delta: eng.ContextTruncated) -> None:
+    left = read[:read.index(delta.first_item_id)] if delta.first_item_id in read else []
+    conversation.leave_context(left)
+    metrics.context_truncations.inc()
+    log.info("response %s: %d conversation items (%d tokens) left the model's context; it now starts at %s",
+             response_id, delta.dropped_items, delta.dropped_tokens, delta.first_item_id)
+    await send(p.ResponseContextTruncated(response_id=response_id, context_start_item_id=delta.first_item_id,
+                                          item_ids=left))
+
+
+_late_cuts: set[asyncio.Task[None]] = set()
+
+
+def _late_cut_hook(response_id: str, read: list[str], conversation: Conversation, send: Send,
+                   metrics: WorkerMetrics):
+    """Called on the event loop when the engine settled a cut after the response was cancelled:
+    the items still leave the model's context, as they would have."""
+    def hook(delta: eng.ContextTruncated) -> None:
+        task = asyncio.get_running_loop().create_task(
+            _apply_cut(response_id, read, conversation, send, metrics, delta), name=f"late cut {response_id}")
+        _late_cuts.add(task)
+        task.add_done_callback(_late_cuts.discard)
+    return hook
 
 
 _FAILURE_CODES = {eng.EngineOverloaded: "engine_overloaded", eng.ContextLengthExceeded: "context_length_exceeded"}

@@ -32,6 +32,8 @@ from . import capacity
 from . import engine as eng
 from . import logging_filters
 from .config import Limits, WorkerSettings
+from .engine import prepare
+from .memory_guard import MemoryGuard
 from .metrics import WorkerMetrics
 from .session import RealtimeSession
 
@@ -85,11 +87,15 @@ class Worker:
         self.state: Literal["loading", "ready", "draining"] = "loading"
         self._reported_stall = False  # a stalled engine is logged once, when first seen
         if settings.limits.max_sessions is None:  # built without serve(), e.g. around a test engine
-            settings.limits.max_sessions = capacity.choose(engine.name, engine.model, settings.device).calls
+            settings.limits.max_sessions = capacity.choose(engine.name, engine.model, settings.device,
+                                                           preset=engine.preset or settings.preset).calls
         self.sessions: set[RealtimeSession] = set()
         self._session_connections: set[RequestHandler] = set()  # exempt from the pending bound
         limits = settings.limits
         self._rate = ClientRateLimiter(limits.client_connections_per_s, limits.client_connection_burst)
+        prepare.configure(limits.prepare_threads)
+        # started by serve(): refuses sessions, then closes the largest, before the container's limit
+        self.memory_guard = MemoryGuard.from_settings(limits.max_worker_rss_mb, lambda: list(self.sessions))
         self.app = web.Application(middlewares=[self._auth])
         self.app.add_routes([
             web.get("/health", self.health),
@@ -148,7 +154,8 @@ class Worker:
         # this worker admits or, when the engine reports its load and holds fewer replies at
         # once, that number (so the agent never reports room the engine does not have)
         body = {"status": self.state, "engine": self.engine.name, "model": self.engine.model,
-                "sessions": len(self.sessions), "capacity": self.capacity, "max_sessions": self.capacity}
+                "preset": self.engine.preset, "sessions": len(self.sessions), "capacity": self.capacity,
+                "max_sessions": self.capacity}
         load = self.engine.load()
         if isinstance(load, eng.EngineLoad):
             body.update(capacity=max(1, min(self.capacity, load.capacity)), running=load.running,
@@ -191,6 +198,9 @@ class Worker:
             self.metrics.sessions_rejected.labels("capacity").inc()
             return _http_error(503, "capacity_exceeded",
                                f"the worker is at capacity ({self.capacity} sessions); try another worker or later")
+        if self.memory_guard.under_pressure():
+            self.metrics.sessions_rejected.labels("memory").inc()
+            return _http_error(503, "memory_pressure", "the worker is short of memory; try another worker or later")
         limits = self.settings.limits
         ws = web.WebSocketResponse(max_msg_size=limits.max_event_bytes * HARD_MESSAGE_LIMIT_FACTOR, heartbeat=30,
                                    timeout=limits.handshake_timeout_s)
@@ -249,8 +259,10 @@ def fit_pending_bound(limits: Limits, file_limit: int | None) -> None:
         limits.max_pending_connections = max(room, 1)
 
 
-async def serve(settings: WorkerSettings, engine: eng.OmniEngine | None = None) -> int:
-    """Listen, load and warm the engine, serve until SIGINT/SIGTERM. Returns the exit code."""
+async def serve(settings: WorkerSettings, engine: eng.OmniEngine | None = None,
+                stop: asyncio.Event | None = None) -> int:
+    """Listen, load and warm the engine, serve until SIGINT/SIGTERM (or until `stop` is set, for
+    a caller running the worker in its own process: the benchmarks). Returns the exit code."""
     if engine is None:
         # MAX_SESSIONS and the KV slots, where not set, from the measured capacity of this GPU
         capacity.apply(settings)
@@ -277,7 +289,7 @@ async def serve(settings: WorkerSettings, engine: eng.OmniEngine | None = None) 
         return 1
     log.info("listening on http://%s:%s (health 503 until the model is warm)", settings.host, settings.port)
 
-    stop = asyncio.Event()
+    stop = stop or asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
@@ -287,6 +299,7 @@ async def serve(settings: WorkerSettings, engine: eng.OmniEngine | None = None) 
     exit_code = 0
     if start_task.done() and start_task.exception() is None:
         worker.state = "ready"
+        worker.memory_guard.start()
         log.info("ready: engine %s, model %s, %d sessions max (startup %.1f s); realtime at ws://%s:%s/v1/realtime",
                  engine.name, engine.model, worker.capacity, time.perf_counter() - started,
                  settings.host, settings.port)
@@ -298,6 +311,7 @@ async def serve(settings: WorkerSettings, engine: eng.OmniEngine | None = None) 
         start_task.cancel()
     log.info("shutting down")
     listener.close()
+    await worker.memory_guard.stop()
     await worker.drain()
     await runner.cleanup()
     await engine.close()

@@ -4,6 +4,11 @@ The session task reads client events in order and applies them; the only other t
 current response (a child, see `inference.response`), which it starts and cancels, and the
 send queue's writer (`inference.outbox`). Errors a client causes are answered with an `error`
 event and change nothing; the socket stays open.
+
+What a session may hold is bounded in bytes (`max_session_bytes`: the conversation's text and
+audio, the input buffer, audio only queued transcriptions still hold), and input audio is
+paced (`input_audio_speed` times real time, sustained, after a burst of
+`input_audio_burst_s`): docs/hardening.md, "Memory and CPU per session".
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ from aiohttp import WSMsgType, web
 from pydantic import ValidationError
 
 from . import engine as eng
+from . import images, memory_guard
 from . import protocol as p
 from .audio import AudioFormatError, InputResampler, check_input_rate, decode_pcm16, to_model_rate
 from .config import Limits
-from .conversation import Conversation, ConversationError, Entry, entry_context
+from .conversation import ITEM_OVERHEAD_BYTES, PART_OVERHEAD_BYTES, Conversation, ConversationError, Entry, entry_context
 from .metrics import WorkerMetrics
 from .outbox import Outbox
 from .response import ResponseRun
@@ -31,6 +37,7 @@ from .vad import EnergyVad, SpeechStarted, SpeechStopped
 log = logging.getLogger(__name__)
 
 MIN_COMMIT_SAMPLES = eng.INPUT_SAMPLE_RATE // 10  # OpenAI refuses commits under 100 ms too
+TRIM_AFTER_BYTES = 8 * 2**20  # a session that held this much gives its freed pages back on close
 
 
 class ClientError(Exception):
@@ -60,7 +67,13 @@ class RealtimeSession:
         self._response: ResponseRun | None = None
         self._response_task: asyncio.Task[None] | None = None
         self._outbox: Outbox | None = None  # made in run(): it starts a task
-        self._transcriber = InputTranscriber(engine, self.conversation, self.send)
+        self._image_rules = images.ImageRules(
+            spec=engine.image_spec, low_pixels=limits.image_low_pixels, high_pixels=limits.image_high_pixels,
+            max_bytes=limits.max_image_bytes, max_source_pixels=limits.max_image_source_pixels)
+        self._transcriber = InputTranscriber(engine, self.conversation, self.send, limits.max_pending_transcriptions)
+        # input audio pacing: a token bucket of seconds of audio, refilled at input_audio_speed
+        self._audio_allowance = limits.input_audio_burst_s
+        self._audio_allowance_at = time.monotonic()
         self._handlers = {
             "session.update": self._session_update,
             "input_audio_buffer.append": self._append,
@@ -113,7 +126,43 @@ class RealtimeSession:
             except Exception:
                 log.exception("session %s: the engine failed to end the session", self.config.id)
             await self._outbox.close(1000, b"", self._limits.handshake_timeout_s)
+            # what the session held goes now, not when its object is collected, and its pages
+            # back to the system when there were many
+            held = self.memory_bytes()
+            self.conversation.clear()
+            self._buffer, self._buffered = [], 0
+            if held >= TRIM_AFTER_BYTES:
+                memory_guard.trim_soon()
             log.info("session %s closed", self.config.id)
+
+    def memory_bytes(self) -> int:
+        """What this session holds, as its budget counts it (`max_session_bytes`)."""
+        return self.conversation.nbytes + self._buffered * 2 + self._transcriber.held_bytes()
+
+    async def evict(self, message: str) -> None:
+        """Closed by the worker's memory guard: the client hears why, then the socket closes."""
+        await self._error("worker_memory_pressure", message, server=True)
+        await self._cancel_response("worker_memory_pressure")
+        await self.close(1013, "worker out of memory", self._limits.handshake_timeout_s)
+
+    def _check_memory(self, more: int, what: str, param: str | None = None) -> None:
+        """Refuse what would take the session past its memory budget; changes nothing."""
+        used, limit = self.memory_bytes(), self._limits.max_session_bytes
+        if used + more > limit:
+            raise ClientError(
+                "session_memory_limit", f"{what} needs {_mb(more)}; this session already holds {_mb(used)} of "
+                f"{_mb(limit)} (conversation text and audio, input buffer): delete items, or let truncation "
+                "free them, first", param)
+
+    def _check_id(self, value: str | None, param: str) -> None:
+        if value is not None and len(value) > self._limits.max_id_chars:
+            raise ClientError("invalid_event", f"{param} has {len(value)} characters; ids are limited to "
+                              f"{self._limits.max_id_chars}", param)
+
+    def _check_name(self, value: str, param: str) -> None:
+        if len(value) > self._limits.max_name_chars:
+            raise ClientError("invalid_event", f"{param} has {len(value)} characters; names are limited to "
+                              f"{self._limits.max_name_chars}", param)
 
     async def close(self, code: int, reason: str, timeout: float) -> None:
         """Send what is queued and a close frame; abort the socket when the client is not reading."""
@@ -143,6 +192,7 @@ class RealtimeSession:
             await self._error(e.code, e.message, event_id=e.event_id, param=e.param)
             return
         try:
+            self._check_id(event.event_id, "event_id")
             await self._handlers[event.type](event)  # type: ignore[attr-defined]
         except (ClientError, ConversationError) as e:
             await self._error(e.code, e.message, event_id=event.event_id, param=e.param)
@@ -229,6 +279,7 @@ class RealtimeSession:
             raise ClientError("too_many_tools", f"{len(tools)} tools given; the limit is {self._limits.max_tools}",
                               param)
         for index, tool in enumerate(tools):
+            self._check_name(tool.name, f"{param}.{index}.name")
             size = len(tool.model_dump_json(include={"name", "description", "parameters"}).encode())
             if size > self._limits.max_tool_schema_bytes:
                 raise ClientError("tool_schema_too_large", f"tool {tool.name!r} is {size} bytes as JSON; the limit "
@@ -255,11 +306,29 @@ class RealtimeSession:
             raise ClientError("input_audio_buffer_full",
                               f"the input audio buffer holds at most {self._limits.max_turn_audio_s:g} s; "
                               "commit or clear it", "audio")
+        self._check_memory(pcm.size * 2 * eng.INPUT_SAMPLE_RATE // rate, "this audio", "audio")
+        self._pace_audio(pcm.size / rate)
         pcm16k = self._resampler.push(pcm)
         self._buffer_add(pcm16k)
         if self._vad is not None:
             for vad_event in self._vad.push(pcm16k):
                 await self._on_vad(vad_event)
+
+    def _pace_audio(self, seconds: float) -> None:
+        """A token bucket of seconds of audio: a client may send input audio at
+        `input_audio_speed` times real time, after a burst of `input_audio_burst_s`."""
+        now = time.monotonic()
+        limits = self._limits
+        self._audio_allowance = min(limits.input_audio_burst_s, self._audio_allowance
+                                    + (now - self._audio_allowance_at) * limits.input_audio_speed)
+        self._audio_allowance_at = now
+        if seconds > self._audio_allowance:
+            raise ClientError(
+                "input_audio_rate_exceeded",
+                f"input audio is arriving faster than {limits.input_audio_speed:g} times real time (after a burst "
+                f"of {limits.input_audio_burst_s:g} s); this append of {seconds:.2f} s is refused: send audio "
+                "as it is spoken", "audio")
+        self._audio_allowance -= seconds
 
     def _buffer_add(self, pcm16k: np.ndarray) -> None:
         if pcm16k.size:
@@ -293,16 +362,19 @@ class RealtimeSession:
         await self._commit_buffer(p.new_id("item"))
 
     async def _commit_buffer(self, item_id: str) -> None:
-        audio = np.concatenate(self._buffer)
+        # kept as float32 (what the engine reads): twice the buffer's int16
+        self._check_memory(self._buffered * 2 + ITEM_OVERHEAD_BYTES + PART_OVERHEAD_BYTES, "committing the input "
+                           "audio buffer")
         item = p.MessageItem(id=item_id, role="user", content=[p.ContentPart(type="input_audio")])
-        previous, deleted = self.conversation.add(Entry(item=item, audio={0: audio}))
+        entry = Entry(item=item, audio={0: np.concatenate(self._buffer)})
+        previous, deleted = self.conversation.add(entry)
         await self._send_deleted(deleted)
         self._buffer, self._buffered = [], 0
         await self.send(p.InputAudioBufferCommitted(previous_item_id=previous, item_id=item_id))
         await self.send(p.ConversationItemAdded(previous_item_id=previous, item=item))
         await self.send(p.ConversationItemDone(previous_item_id=previous, item=item))
         if self.config.audio.input.transcription is not None:
-            self._transcriber.submit(item_id, audio, self.config.audio.input.transcription)
+            await self._transcriber.submit(item_id, entry.audio[0], self.config.audio.input.transcription)
 
     async def _clear(self, event: p.InputAudioBufferClear) -> None:
         self._resampler.flush()
@@ -312,8 +384,16 @@ class RealtimeSession:
     # ------------------------------------------------------------------ conversation
 
     async def _item_create(self, event: p.ConversationItemCreate) -> None:
+        self._check_id(event.previous_item_id, "previous_item_id")
         entry = self._entry_from_client(event.item)
+        if previous_id := event.previous_item_id:  # refused before any picture is decoded
+            if previous_id != "root":
+                self.conversation.get(previous_id)
+        self._check_memory(entry.nbytes, "this item", "item")
+        await self._read_images(entry, event.item, "item")
+        self._check_memory(entry.nbytes, "this item", "item")
         previous, deleted = self.conversation.add(entry, event.previous_item_id)
+        self._metrics.input_images.inc(len(entry.images))
         await self._send_deleted(deleted)
         await self.send(p.ConversationItemAdded(previous_item_id=previous, item=entry.item))
         await self.send(p.ConversationItemDone(previous_item_id=previous, item=entry.item))
@@ -323,20 +403,29 @@ class RealtimeSession:
         item = item.model_copy(deep=True)
         item.status = "completed"
         audio: dict[int, np.ndarray] = {}
+        self._check_id(item.id, f"{param}.id")
+        if isinstance(item, (p.FunctionCallItem, p.FunctionCallOutputItem)):
+            self._check_id(item.call_id, f"{param}.call_id")
         if isinstance(item, p.FunctionCallItem):
+            self._check_name(item.name, f"{param}.name")
             self._check_text(item.arguments, f"{param}.arguments")
         elif isinstance(item, p.FunctionCallOutputItem):
             self._check_text(item.output, f"{param}.output")
         else:
+            if len(item.content) > self._limits.max_item_parts:
+                raise ClientError("too_many_parts", f"an item holds at most {self._limits.max_item_parts} content "
+                                  f"parts; this one has {len(item.content)}", f"{param}.content")
             for index, part in enumerate(item.content):
                 self._check_text(part.text, f"{param}.content.{index}.text")
                 self._check_text(part.transcript, f"{param}.content.{index}.transcript")
                 if item.role != "assistant" and part.type in ("output_text", "output_audio"):
                     raise ClientError("invalid_content", f"a {item.role} message cannot hold {part.type}",
                                       f"{param}.content.{index}.type")
-                if item.role == "assistant" and part.type in ("input_text", "input_audio"):
+                if item.role == "assistant" and part.type in ("input_text", "input_audio", "input_image"):
                     raise ClientError("invalid_content", f"an assistant message cannot hold {part.type}",
                                       f"{param}.content.{index}.type")
+                if part.type == "input_image":
+                    self._check_image_part(item, index, part, param)
                 if part.type in ("input_audio", "audio") and part.audio:
                     pcm = decode_pcm16(part.audio)
                     rate = self._resampler.rate
@@ -350,13 +439,69 @@ class RealtimeSession:
                     self._check_instructions(part.text)
         return Entry(item=item, audio=audio)
 
+    def _check_image_part(self, item: p.MessageItem, index: int, part: p.ContentPart, param: str) -> None:
+        """What can be said of a picture before it is fetched or decoded."""
+        where = f"{param}.content.{index}"
+        if not self._engine.reads_images:
+            raise ClientError("images_not_supported", f"this worker's model ({self._engine.model}, engine "
+                              f"{self._engine.name}) does not read pictures", f"{where}.type")
+        if item.role != "user":
+            raise ClientError("invalid_content", f"a {item.role} message cannot hold input_image; pictures go "
+                              "in user messages", f"{where}.type")
+        if not part.image_url:
+            raise ClientError("invalid_image_url", "an input_image part needs an image_url (a data: URL of a PNG "
+                              "or JPEG picture)", f"{where}.image_url")
+        pictures = sum(1 for other in item.content if other.type == "input_image")
+        most = self._images_per_prompt()
+        if pictures > most:
+            raise ClientError("too_many_images", f"the model reads at most {most} pictures in one response; this "
+                              f"item holds {pictures}", f"{param}.content")
+
+    def _images_per_prompt(self) -> int:
+        most = self._limits.max_images_per_response
+        if self._engine.max_images_per_prompt is not None:
+            most = min(most, self._engine.max_images_per_prompt)
+        return most
+
+    async def _read_images(self, entry: Entry, sent: p.MessageItem | p.FunctionCallItem | p.FunctionCallOutputItem,
+                           param: str) -> None:
+        """Decode the item's pictures (as sent) into `entry.images`; the echoed part keeps no
+        URL. Any refusal leaves the conversation as it was (the entry is not added yet)."""
+        if not isinstance(sent, p.MessageItem):
+            return
+        for index, part in enumerate(sent.content):
+            if part.type != "input_image" or not part.image_url:
+                continue
+            where = f"{param}.content.{index}.image_url"
+            detail = "low" if part.detail == "low" else "high"
+            try:
+                if part.image_url.startswith(("http://", "https://")):
+                    media, data = await images.download(
+                        part.image_url, hosts=self._limits.image_url_hosts,
+                        timeout_s=self._limits.image_download_timeout_s, max_bytes=self._limits.max_image_bytes)
+                else:
+                    media, data = images.parse_data_url(part.image_url, self._limits.max_image_bytes)
+                picture = await images.prepare(data, media, detail, self._image_rules)  # type: ignore[arg-type]
+            except images.ImageRefused as e:
+                raise ClientError(e.code, e.message, where) from None
+            if picture.tokens > self._limits.max_context_image_tokens:
+                raise ClientError("image_too_large", f"the picture would be {picture.tokens} image tokens; the model "
+                                  f"reads at most {self._limits.max_context_image_tokens} in one response", where)
+            self._check_memory(entry.nbytes + picture.pixels.nbytes, "this item", param)
+            entry.images[index] = picture
+            entry.changed()
+            entry.item.content[index].image_url = None  # kept decoded; items echoed to clients stay small
+            entry.item.content[index].detail = detail
+
     async def _send_deleted(self, item_ids: list[str]) -> None:
         """Items the conversation deleted to make room at its item limit: the oldest that
         truncation had taken out of the model's context, so that a long call keeps going."""
         for item_id in item_ids:
+            self._transcriber.drop(item_id)
             await self.send(p.ConversationItemDeleted(item_id=item_id))
 
     async def _item_truncate(self, event: p.ConversationItemTruncate) -> None:
+        self._check_id(event.item_id, "item_id")
         self._check_text(event.audio_transcript, "audio_transcript")
         if self._response is not None and any(i.id == event.item_id for i in self._response.response.output):
             await self._cancel_response("client_cancelled")
@@ -368,10 +513,12 @@ class RealtimeSession:
         if self._response is not None and any(i.id == event.item_id for i in self._response.response.output):
             raise ClientError("item_in_progress", "cannot delete an item of the response in progress; cancel it first",
                               "item_id")
+        self._check_id(event.item_id, "item_id")
         self.conversation.delete(event.item_id)
-        await self.send(p.ConversationItemDeleted(item_id=event.item_id))
+        await self._send_deleted([event.item_id])
 
     async def _item_retrieve(self, event: p.ConversationItemRetrieve) -> None:
+        self._check_id(event.item_id, "item_id")
         await self.send(p.ConversationItemRetrieved(item=self.conversation.get(event.item_id).item))
 
     # ------------------------------------------------------------------ responses
@@ -387,8 +534,15 @@ class RealtimeSession:
                               "response.done")
         self._check_instructions(params.instructions)
         out_of_band = params.conversation == "none"
-        response_input = [entry_context(self._entry_from_client(item, f"response.input.{index}"),
-                                        in_conversation=False) for index, item in enumerate(params.input or [])]
+        response_input = []
+        for index, item in enumerate(params.input or []):
+            entry = self._entry_from_client(item, f"response.input.{index}")
+            await self._read_images(entry, item, f"response.input.{index}")
+            response_input.append(entry_context(entry, in_conversation=False))
+        input_images = [i for items in response_input for i in items if isinstance(i, eng.UserImage)]
+        if len(input_images) > self._images_per_prompt():
+            raise ClientError("too_many_images", f"the model reads at most {self._images_per_prompt()} pictures in "
+                              f"one response; response.input holds {len(input_images)}", "response.input")
         if params.tools is not None:
             self._check_tools(params.tools, "response.tools")
         tools = self.config.tools if params.tools is None else params.tools
@@ -413,6 +567,8 @@ class RealtimeSession:
             if self.conversation.full:
                 raise ClientError("conversation_full", "the conversation is full: delete items before asking for a "
                                   "response (or ask for one with conversation: \"none\")")
+        if not out_of_band:
+            self._limit_images(len(input_images), sum(i.tokens for i in input_images))
         context = self.conversation.to_context() if not out_of_band else []
         for items in response_input:
             context.extend(items)
@@ -434,7 +590,18 @@ class RealtimeSession:
                           conversation=None if out_of_band else self.conversation, send=self.send,
                           metrics=self._metrics, started_at=started_at, event_id=event_id)
         self._response = run
+        await run.announce()  # before the task: a cancel read next still ends this response
         self._response_task = asyncio.create_task(self._run_response(run), name=f"response {response.id}")
+
+    def _limit_images(self, input_images: int, input_tokens: int) -> None:
+        """The model reads at most so many pictures and image tokens in one response (with the
+        response's own input): beyond, the oldest leave its context (`Conversation.limit_images`)."""
+        left = self.conversation.limit_images(self._images_per_prompt() - input_images,
+                                              self._limits.max_context_image_tokens - input_tokens)
+        if left:
+            log.info("session %s: pictures of %d items left the model's context (at most %d pictures, %d image "
+                     "tokens in one response)", self.config.id, len(left), self._images_per_prompt(),
+                     self._limits.max_context_image_tokens)
 
     async def _run_response(self, run: ResponseRun) -> None:
         try:
@@ -442,6 +609,7 @@ class RealtimeSession:
         except Exception:
             log.exception("session %s: response %s crashed", self.config.id, run.id)
             await self._error("internal_error", f"response {run.id} failed inside the worker", server=True)
+            await run.end_unfinished()
         finally:
             if self._response is run:
                 self._response, self._response_task = None, None
@@ -449,6 +617,7 @@ class RealtimeSession:
     async def _response_cancel(self, event: p.ResponseCancel) -> None:
         if self._response is None:
             raise ClientError("response_cancel_not_active", "there is no response in progress to cancel")
+        self._check_id(event.response_id, "response_id")
         if event.response_id and event.response_id != self._response.id:
             raise ClientError("response_cancel_not_active",
                               f"response {event.response_id!r} is not the one in progress", "response_id")
@@ -462,8 +631,13 @@ class RealtimeSession:
         run.cancel_reason = reason
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        if self._response is run:  # cancelled before it ever ran: its own cleanup did not run
+        await run.end_unfinished()  # cancelled before it ever ran: created, then done, all the same
+        if self._response is run:  # its own cleanup did not run either
             self._response, self._response_task = None, None
+
+
+def _mb(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB"
 
 
 def engine_truncation(truncation: p.Truncation) -> eng.Truncation:

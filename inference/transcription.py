@@ -9,14 +9,19 @@ item's audio part.
 
 Each transcription is one text-only `GenerationRequest` of priority "background": the engine
 runs it only in what realtime replies leave over, so it never delays a reply. Turns are
-transcribed one at a time, in the order they were committed; a turn deleted before its turn
-comes is skipped.
+transcribed one at a time, in the order they were committed.
+
+Bounded: a job reads the item's own samples (no copy), a turn deleted from the conversation
+drops its job at once (the one running is stopped), so queued work never keeps audio the
+conversation has let go; and at most `max_pending` turns wait, later ones fail at once with
+`transcription_queue_full`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +30,6 @@ import numpy as np
 
 from . import engine as eng
 from . import protocol as p
-from .audio import int16_to_float
 from .conversation import Conversation, ConversationError
 
 log = logging.getLogger(__name__)
@@ -42,49 +46,83 @@ Send = Callable[[p._ServerEvent], Awaitable[None]]
 @dataclass
 class _Turn:
     item_id: str
-    audio: np.ndarray  # int16, 16 kHz
+    audio: np.ndarray  # float32, 16 kHz: the conversation item's own samples
     options: dict[str, Any]  # the session's audio.input.transcription
 
 
 class InputTranscriber:
-    """One per session; `submit` never waits, `aclose` stops the one in progress."""
+    """One per session, owned by its task; `submit` and `drop` never wait, `aclose` stops the
+    one in progress."""
 
-    def __init__(self, engine: eng.OmniEngine, conversation: Conversation, send: Send) -> None:
+    def __init__(self, engine: eng.OmniEngine, conversation: Conversation, send: Send,
+                 max_pending: int = 8) -> None:
         self._engine = engine
         self._conversation = conversation
         self._send = send
-        self._queue: asyncio.Queue[_Turn] = asyncio.Queue()
+        self._max_pending = max_pending
+        self._pending: deque[_Turn] = deque()
+        self._wakeup = asyncio.Event()
+        self._current: _Turn | None = None
+        self._current_task: asyncio.Task[None] | None = None
         self._task: asyncio.Task[None] | None = None
 
-    def submit(self, item_id: str, audio: np.ndarray, options: dict[str, Any]) -> None:
-        self._queue.put_nowait(_Turn(item_id, audio, options))
+    async def submit(self, item_id: str, audio: np.ndarray, options: dict[str, Any]) -> None:
+        if len(self._pending) >= self._max_pending:
+            await self._failed(item_id, "transcription_queue_full",
+                               f"{len(self._pending)} earlier turns still wait for their transcription; "
+                               "this one is not transcribed")
+            return
+        self._pending.append(_Turn(item_id, audio, options))
+        self._wakeup.set()
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="input transcription")
 
+    def drop(self, item_id: str) -> None:
+        """The item left the conversation: its job goes (the one running is stopped), and with
+        it the last reference to its audio."""
+        self._pending = deque(turn for turn in self._pending if turn.item_id != item_id)
+        if self._current is not None and self._current.item_id == item_id and self._current_task is not None:
+            self._current_task.cancel()
+
+    def held_bytes(self) -> int:
+        """Audio only the queue still holds (the conversation no longer does): after `drop`,
+        at most the job being stopped."""
+        turns = [*self._pending, *([self._current] if self._current is not None else [])]
+        return sum(turn.audio.nbytes for turn in turns if self._item(turn.item_id) is None)
+
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        self._pending.clear()
+        for task in (self._current_task, self._task):
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*(t for t in (self._current_task, self._task) if t is not None), return_exceptions=True)
 
     async def _run(self) -> None:
         while True:
-            turn = await self._queue.get()
+            if not self._pending:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            turn = self._pending.popleft()
             if self._item(turn.item_id) is None:
                 continue  # deleted meanwhile (e.g. a speculative turn the client withdrew)
+            self._current = turn
+            self._current_task = asyncio.create_task(self._transcribe(turn), name=f"transcription {turn.item_id}")
             try:
-                await self._transcribe(turn)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a bug of ours must not end transcription for the session
-                log.exception("transcription of %s failed", turn.item_id)
-                await self._failed(turn.item_id, "internal_error", "the worker failed to transcribe this turn")
+                await asyncio.wait({self._current_task})  # a dropped job ends here; aclose cancels both
+                if not self._current_task.cancelled() and self._current_task.exception() is not None:
+                    # a bug of ours must not end transcription for the session
+                    log.error("transcription of %s failed", turn.item_id, exc_info=self._current_task.exception())
+                    await self._failed(turn.item_id, "internal_error", "the worker failed to transcribe this turn")
+            finally:
+                self._current, self._current_task = None, None
 
     async def _transcribe(self, turn: _Turn) -> None:
         seconds = turn.audio.size / eng.INPUT_SAMPLE_RATE
         request = eng.GenerationRequest(
             request_id=p.new_id("transcription"),
             instructions=_instructions(turn.options),
-            context=[eng.UserAudio(int16_to_float(turn.audio))],
+            context=[eng.UserAudio(turn.audio)],
             modalities=("text",),
             max_output_tokens=BASE_TOKENS + int(seconds * TOKENS_PER_SECOND),
             priority="background",
@@ -107,6 +145,7 @@ class InputTranscriber:
         transcript = text.strip()
         if (item := self._item(turn.item_id)) is not None and item.content:
             item.content[0].transcript = transcript
+            self._conversation.get(turn.item_id).changed()
         await self._send(p.ConversationItemInputAudioTranscriptionCompleted(
             item_id=turn.item_id, transcript=transcript))
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from .base import (
-    AssistantText, AudioDelta, ContextItem, ContextTruncated, Delta, EngineLoad, Finished, GenerationRequest, OmniEngine, PromptRead, SystemText, TextDelta, ToolCall, ToolCallDelta, ToolResult,
-    ToolSpec, Truncation, UserAudio, UserText, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE,
+    AssistantText, AudioDelta, ContextItem, ContextTruncated, Delta, EngineLoad, Finished, GenerationRequest, ImageSpec, OmniEngine, PromptRead, SystemText, TextDelta, ToolCall, ToolCallDelta, ToolResult,
+    ToolSpec, Truncation, UserAudio, UserImage, UserText, UserVideo, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE,
 )
 from .exceptions import ContextLengthExceeded, EngineError, EngineOverloaded
 
@@ -24,7 +24,7 @@ def create_engine(name: str, model: str, **options) -> OmniEngine:
 
 __all__ = [
     "AssistantText", "AudioDelta", "ContextItem", "ContextLengthExceeded", "ContextTruncated", "Delta",
-    "EngineError", "EngineLoad", "EngineOverloaded", "Finished", "GenerationRequest", "OmniEngine", "PromptRead", "SystemText", "TextDelta", "ToolCall",
-    "ToolCallDelta", "ToolResult", "ToolSpec", "Truncation", "UserAudio", "UserText", "INPUT_SAMPLE_RATE",
+    "EngineError", "EngineLoad", "EngineOverloaded", "Finished", "GenerationRequest", "ImageSpec", "OmniEngine", "PromptRead", "SystemText", "TextDelta", "ToolCall",
+    "ToolCallDelta", "ToolResult", "ToolSpec", "Truncation", "UserAudio", "UserImage", "UserText", "UserVideo", "INPUT_SAMPLE_RATE",
     "OUTPUT_SAMPLE_RATE", "ENGINES", "create_engine",
 ]

@@ -24,9 +24,11 @@ import abc
 import functools
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Literal, Union
+from typing import Any, AsyncIterator, Callable, Literal, Union
 
 import numpy as np
+
+from .exceptions import EngineError
 
 
 INPUT_SAMPLE_RATE = 16_000
@@ -54,6 +56,70 @@ class UserAudio:
         samples = np.ascontiguousarray(self.audio, dtype=np.float32).reshape(-1)
         digest = hashlib.blake2b(samples.tobytes(), digest_size=8).digest()
         return int.from_bytes(digest, "little") & ((1 << 62) - 1)
+
+
+@dataclass
+class UserImage:
+    """A picture the user showed, as the model is to read it.
+
+    `pixels`: RGB, uint8, H×W×3, already resized by the worker to the engine's `ImageSpec`
+    (both sides multiples of `token_px`, within the detail's pixel budget), read-only: its
+    `key` is computed from it once. `tokens`: the image tokens the model reads for it,
+    (H / token_px) × (W / token_px), before the family's own start/end markers. `detail`: what
+    the client asked for ("low" or "high"; "auto" arrives as "high"). Several pictures of one
+    turn, and the audio or text after them, are consecutive context items of the user.
+    """
+    pixels: np.ndarray
+    tokens: int
+    detail: Literal["low", "high"] = "high"
+    item_id: str | None = None
+
+    @functools.cached_property
+    def key(self) -> int:
+        """A 62-bit content hash of the pixels and their shape: what an engine's caches (prefix,
+        vision encoder) know the picture by. The same picture sent again has the same key."""
+        pixels = np.ascontiguousarray(self.pixels, dtype=np.uint8)
+        digest = hashlib.blake2b(pixels.tobytes(), digest_size=8,
+                                 person=b"%dx%d" % pixels.shape[:2]).digest()
+        return int.from_bytes(digest, "little") & ((1 << 62) - 1)
+
+    @property
+    def height(self) -> int:
+        return int(self.pixels.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.pixels.shape[1])
+
+
+@dataclass
+class UserVideo:
+    """A camera clip with the speech said over it, read as the models were trained on video
+    (transformers' `use_audio_in_video=True`): the frames' tokens and the audio's in time order.
+
+    `frames`: RGB, uint8, T×H×W×3, already at the model's size (both sides multiples of the
+    engine's `ImageSpec.token_px`; T a multiple of the family's frames per video token, 2 for
+    both families), read-only. `fps`: the frames a second they were taken at. `audio`: the
+    speech over them, float32 mono in [-1, 1] at 16 kHz. Neither may change once the item is
+    made: `key` and `audio_key` are computed from them once."""
+    frames: np.ndarray
+    fps: float
+    audio: np.ndarray
+    item_id: str | None = None
+
+    @functools.cached_property
+    def key(self) -> int:
+        """A 62-bit content hash of the frames, their shape and rate: what an engine's caches
+        (prefix, vision encoder) know the frames by."""
+        frames = np.ascontiguousarray(self.frames, dtype=np.uint8)
+        digest = hashlib.blake2b(frames.tobytes(), digest_size=8, person=b"video %g" % self.fps,
+                                 salt=b"%dx%dx%d" % frames.shape[:3]).digest()
+        return int.from_bytes(digest, "little") & ((1 << 62) - 1)
+
+    @functools.cached_property
+    def audio_key(self) -> int:
+        """Its audio's hash, as `UserAudio.key` would give it (the audio encoder's cache key)."""
+        return UserAudio(self.audio).key
 
 
 @dataclass
@@ -90,7 +156,23 @@ class ToolResult:
     item_id: str | None = None
 
 
-ContextItem = Union[UserAudio, UserText, SystemText, AssistantText, ToolCall, ToolResult]
+ContextItem = Union[UserAudio, UserImage, UserVideo, UserText, SystemText, AssistantText, ToolCall, ToolResult]
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """How an engine's model reads pictures: what the worker resizes every picture to.
+
+    `token_px`: the side of the square of pixels one image token covers (patch × spatial
+    merge): Qwen2.5-Omni 28 (14 px patches, 2×2 merge), Qwen3-Omni 32 (16 px, 2×2).
+    `min_pixels`, `max_pixels`: the fewest and most pixels one picture may have for the model
+    (a smaller picture is scaled up, a larger one down; the worker's per-detail budgets are
+    capped by `max_pixels`). Both sides of a resized picture are multiples of `token_px`, so
+    the family's own processor has nothing left to resize.
+    """
+    token_px: int = 28
+    min_pixels: int = 4 * 28 * 28
+    max_pixels: int = 1024 * 1024
 
 
 @dataclass
@@ -139,6 +221,10 @@ class GenerationRequest:
     priority: Literal["realtime", "background"] = "realtime"
     #: what the engine may leave out of `context` when it does not fit
     truncation: Truncation = field(default_factory=Truncation)
+    #: called on the event loop with the cut (`ContextTruncated`) an engine settled for this
+    #: request after its generation was cancelled, so the gateway applies it all the same
+    #: (`inference.engine.prepare`); None: nobody needs it
+    on_late_cut: Callable[[ContextTruncated], None] | None = field(default=None, repr=False, compare=False)
 
 
 # --------------------------------------------------------------------------- deltas
@@ -181,6 +267,7 @@ class PromptRead:
     Engines send it after `ContextTruncated` (if any) and before any output."""
     input_tokens: int
     input_audio_tokens: int = 0
+    input_image_tokens: int = 0
 
 
 @dataclass
@@ -191,6 +278,8 @@ class Finished:
     input_audio_tokens: int = 0
     cached_tokens: int = 0         # of input_tokens, those taken from a cache (not computed)
     cached_audio_tokens: int = 0   # of cached_tokens, the audio ones
+    input_image_tokens: int = 0    # of input_tokens, the pictures' (their markers not counted)
+    cached_image_tokens: int = 0   # of cached_tokens, the pictures' ones
     output_text_tokens: int = 0
     output_audio_tokens: int = 0
     # seconds from the request to the first audio / text sample, and in total
@@ -219,6 +308,18 @@ class OmniEngine(abc.ABC):
     voices: tuple[str, ...] = ("Chelsie",)
     #: thinker tokens one prompt and its reply share (known once started); None: not known
     context_tokens: int | None = None
+    #: the named set of defaults it runs ("exact": the model's own computation); None: no presets
+    preset: str | None = None
+    #: whether the model reads pictures (`UserImage`); the gateway refuses an input_image part
+    #: at conversation.item.create when False, and `refuse_unread_media` refuses a request holding one
+    reads_images: bool = False
+    #: how the model reads pictures (when `reads_images`): the worker resizes to it
+    image_spec: ImageSpec = ImageSpec()
+    #: whether the model reads video with its speech (`UserVideo`); `refuse_unread_media` refuses a
+    #: request holding one when False
+    reads_video: bool = False
+    #: pictures one prompt may hold (vLLM's `limit_mm_per_prompt` image); None: the worker's limit
+    max_images_per_prompt: int | None = None
 
     def __init__(self, model: str) -> None:
         self.model = model
@@ -230,6 +331,14 @@ class OmniEngine(abc.ABC):
     @abc.abstractmethod
     def generate(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         """Stream the reply. Ends with `Finished` unless cancelled or failed (EngineError)."""
+
+    def refuse_unread_media(self, request: GenerationRequest) -> None:
+        """Every engine calls this before any work: a request holding a picture (a video) the
+        engine does not read is refused, never read as if it were not there."""
+        if not self.reads_images and any(isinstance(item, UserImage) for item in request.context):
+            raise EngineError(f"this engine ({self.name}, model {self.model}) does not read pictures")
+        if not self.reads_video and any(isinstance(item, UserVideo) for item in request.context):
+            raise EngineError(f"this engine ({self.name}, model {self.model}) does not read video")
 
     def load(self) -> EngineLoad | None:
         """Current load, or None when the engine does not know its capacity."""

@@ -10,6 +10,13 @@ always stays, and items without an `item_id` (a response's own input) never leav
 at all beyond the first when the prompt fits; otherwise a galloping search from the oldest cut,
 which finds the usual small cut of "auto" in two or three renders and a deep cut in about
 twice log2(items).
+
+Two bounds keep that work small whatever a client sends. What one render may tokenize is
+capped: a context with more characters of text than `room` tokens could ever hold at
+`MAX_CHARS_PER_TOKEN` is cut to the newest items within that many characters before the first
+render, so a conversation of long texts is never rendered whole only to learn it does not fit.
+And the search stops between renders once `cancelled()` says its generation was cancelled
+(`PrepareCancelled`; see `inference.engine.prepare`).
 """
 
 from __future__ import annotations
@@ -17,35 +24,61 @@ from __future__ import annotations
 import functools
 from typing import Callable, Sequence
 
-from .base import ContextItem, ToolCall, ToolResult, Truncation, UserAudio
+from .base import (
+    AssistantText, ContextItem, SystemText, ToolCall, ToolResult, Truncation, UserAudio, UserImage, UserText,
+)
 from .exceptions import ContextLengthExceeded
+from .prepare import PrepareCancelled
+
+# Characters of text one prompt may hold per token of its room. A token of ordinary text is a
+# few characters (about 4 in English, fewer in most other scripts), so a prompt that fits its
+# room stays far below this; text that packs more into a token (long runs of one character)
+# is cut before it is tokenized, rather than tokenized to find out.
+MAX_CHARS_PER_TOKEN = 16
 
 
 def fit_context(context: Sequence[ContextItem], truncation: Truncation, *, room: int,
-                measure: Callable[[int], int], max_audio_clips: int | None = None) -> int:
+                measure: Callable[[int], int], max_audio_clips: int | None = None,
+                cancelled: Callable[[], bool] | None = None, max_chars: int | None = None,
+                max_images: int | None = None) -> int:
     """The index of the first context item the prompt reads.
 
     `room`: the prompt tokens the model's context holds beside the reply's budget.
     `max_audio_clips`: an engine's cap on user audio clips in one prompt, if any (a prompt
-    with more does not fit either). Raises `ContextLengthExceeded` when nothing allowed fits.
+    with more does not fit either); `max_images` the same for pictures. `cancelled`: checked
+    before each render; True stops the search (`PrepareCancelled`). `max_chars`: the
+    characters of context text one render may tokenize (default: `room` × MAX_CHARS_PER_TOKEN).
+    Raises `ContextLengthExceeded` when nothing allowed fits.
     """
-    measure = functools.cache(measure)
-    full = measure(0)
-    clips = _clip_counts(context) if max_audio_clips is not None else None
+    count = measure
 
-    def clips_fit(start: int) -> bool:
-        return clips is None or clips[start] <= max_audio_clips
+    def render(start: int) -> int:
+        if cancelled is not None and cancelled():
+            raise PrepareCancelled("the generation was cancelled")
+        return count(start)
+
+    measure = functools.cache(render)
+    clips = _counts(context, UserAudio) if max_audio_clips is not None else None
+    pictures = _counts(context, UserImage) if max_images is not None else None
+    lowest = _lowest_start(context, truncation, max(room, 1) * MAX_CHARS_PER_TOKEN if max_chars is None else max_chars)
+
+    def media_fit(start: int) -> bool:
+        return (clips is None or clips[start] <= max_audio_clips) and \
+            (pictures is None or pictures[start] <= max_images)
 
     def fits(start: int, limit: int) -> bool:
-        return measure(start) <= limit and clips_fit(start)
+        return measure(start) <= limit and media_fit(start)
 
     if truncation.mode == "disabled":
+        full = measure(0)
         if full > room:
             raise ContextLengthExceeded(full, room)
-        if not clips_fit(0):
+        if not media_fit(0):
+            what, held, most = _over(clips, max_audio_clips, pictures, max_images, 0)
             raise ContextLengthExceeded(full, room, message=(
-                f"the conversation holds {clips[0]} audio clips; this engine reads at most {max_audio_clips} "
-                "in one prompt: delete earlier audio items, or turn truncation on"))
+                f"the conversation holds {held} {what}; this engine reads at most {most} "
+                f"in one prompt: delete earlier {'picture' if what == 'pictures' else 'audio'} items, "
+                "or turn truncation on"))
         return 0
     post_limit = None  # the post_instructions limit, where it is below what the context allows
     if truncation.mode == "auto":
@@ -57,21 +90,46 @@ def fit_context(context: Sequence[ContextItem], truncation: Truncation, *, room:
             budget = post_limit = truncation.post_instructions_tokens
         limit = base + budget
         target = base + int(truncation.retention_ratio * budget)
-    if fits(0, limit):
-        return 0
-    points = cut_points(context)
+    if fits(lowest, limit if lowest == 0 else target):  # a cut goes down to the target at once
+        return lowest
+    points = [point for point in cut_points(context) if point > lowest]
     start = _first(points, lambda p: fits(p, target))
     if start is not None:
         return start
-    deepest = points[-1] if points else 0
+    deepest = points[-1] if points else lowest
     if target < limit and fits(deepest, limit):  # the ratio asks for more than may leave
         return deepest
     raise _nothing_fits(measure(deepest), measure(len(context)), room, post_limit,
-                        clips[deepest] if clips is not None and not clips_fit(deepest) else None, max_audio_clips)
+                        None if media_fit(deepest) else _over(clips, max_audio_clips, pictures, max_images, deepest))
 
 
-def _nothing_fits(shortest: int, base: int, room: int, post_limit: int | None, clips: int | None,
-                  max_clips: int | None) -> ContextLengthExceeded:
+def _lowest_start(context: Sequence[ContextItem], truncation: Truncation, max_chars: int) -> int:
+    """The first start whose text one render may tokenize (the per-render cost limit)."""
+    chars = _char_counts(context)
+    if chars[0] <= max_chars:
+        return 0
+    if truncation.mode == "disabled":
+        raise ContextLengthExceeded(chars[0], max_chars, message=(
+            f"the conversation holds {chars[0]} characters of text; one prompt reads at most {max_chars}: "
+            "delete earlier items, or turn truncation on"))
+    start = next((point for point in cut_points(context) if chars[point] <= max_chars), None)
+    if start is None:
+        raise ContextLengthExceeded(chars[0], max_chars, message=(
+            f"the newest item alone holds {chars[_newest_start(context)]} characters of text; one prompt reads at "
+            f"most {max_chars}: send a shorter one"))
+    return start
+
+
+def _over(clips: list[int] | None, max_clips: int | None, pictures: list[int] | None, max_pictures: int | None,
+          start: int) -> tuple[str, int, int]:
+    """What `context[start:]` holds too many of: ("audio clips" or "pictures", how many, the cap)."""
+    if clips is not None and clips[start] > max_clips:
+        return "audio clips", clips[start], max_clips
+    return "pictures", pictures[start], max_pictures
+
+
+def _nothing_fits(shortest: int, base: int, room: int, post_limit: int | None,
+                  over: tuple[str, int, int] | None) -> ContextLengthExceeded:
     """The refusal when leaving out every item that may leave is not enough: it names what is
     too long (the instructions and tools, or the items that must stay) and the limit it
     passes (the model's context, or the post_instructions limit)."""
@@ -79,9 +137,10 @@ def _nothing_fits(shortest: int, base: int, room: int, post_limit: int | None, c
         return ContextLengthExceeded(base, room, message=(
             f"the instructions and tools alone are {base} tokens; the model's context holds {room} with room "
             "for the reply: shorten them, or ask for a shorter reply"))
-    if clips is not None:
+    if over is not None:
+        what, held, most = over
         return ContextLengthExceeded(shortest, room, message=(
-            f"the newest item alone holds {clips} audio clips; this engine reads at most {max_clips} "
+            f"the newest item alone holds {held} {what}; this engine reads at most {most} "
             "in one prompt: send fewer"))
     if post_limit is not None and shortest - base > post_limit:
         return ContextLengthExceeded(shortest, base + post_limit, message=(
@@ -122,11 +181,34 @@ def cut_points(context: Sequence[ContextItem]) -> list[int]:
     return points
 
 
-def _clip_counts(context: Sequence[ContextItem]) -> list[int]:
-    """clips[start] = user audio clips in context[start:]."""
+def _newest_start(context: Sequence[ContextItem]) -> int:
+    points = cut_points(context)
+    return points[-1] if points else 0
+
+
+def _item_chars(item: ContextItem) -> int:
+    if isinstance(item, (UserText, SystemText, AssistantText)):
+        return len(item.text)
+    if isinstance(item, ToolCall):
+        return len(item.name) + len(item.arguments)
+    if isinstance(item, ToolResult):
+        return len(item.output)
+    return 0
+
+
+def _char_counts(context: Sequence[ContextItem]) -> list[int]:
+    """chars[start] = characters of text in context[start:]."""
     counts = [0] * (len(context) + 1)
     for index in range(len(context) - 1, -1, -1):
-        counts[index] = counts[index + 1] + isinstance(context[index], UserAudio)
+        counts[index] = counts[index + 1] + _item_chars(context[index])
+    return counts
+
+
+def _counts(context: Sequence[ContextItem], kind: type) -> list[int]:
+    """counts[start] = items of `kind` (user audio clips, pictures) in context[start:]."""
+    counts = [0] * (len(context) + 1)
+    for index in range(len(context) - 1, -1, -1):
+        counts[index] = counts[index + 1] + isinstance(context[index], kind)
     return counts
 
 

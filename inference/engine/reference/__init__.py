@@ -1,19 +1,20 @@
-"""The `reference` engine: Qwen2.5-Omni with transformers' classes, batched and streamed.
+"""The `reference` engine: omni models with transformers' classes, batched and streamed.
 
-Layout (see docs/reference-engine.md for the picture):
+The top level names no model family (docs/reference-engine.md has the picture):
 - `engine` — the asyncio face: prepares a request, queues its `Reply`, yields its deltas;
 - `core` — the engine loop: one thread owns the device and runs every reply step by step;
-- `scheduler` — what runs each step (admission, prefill budget, decode batches, the realtime
-  token2wav policy) and `SlotTable`, who holds which KV slot (prefix caches included);
-- `runner` — the model execution: KV pools, batched thinker/talker steps, the audio
-  encoder cache; `audio_encoder` Qwen2.5-Omni's audio encoder over a clip's chunks as one
-  batch; `kv_pool` the pooled KV cache, `host_copy` host values onto the device without waiting,
-  `cuda_graphs` the graph capture and the engine's own streams;
-- `reply` — one reply's state and what it does with each result;
+- `scheduler` — what runs each step (admission, prefill budget, decode batches, the audio
+  policy) and `SlotTable`, who holds which KV slot (prefix caches included);
+- `reply` — one reply's state and what it does with each result (the loop alone writes it);
+- `models/` — the families behind one contract (`models/base.py`): each family's folder has
+  its loading, runner, audio decoding, tiny model and options;
+- what every family's runner is built from: `device_runner` (streams, the step's one read),
+  `text_steps` (prompt chunks and the thinker's decode step on the pool), `kv_pool` and
+  `attention` (the pooled KV cache), `encoder_cache`, `cuda_graphs`, `compiled`,
+  `host_copy`, `int8_matmul` (a weight-only kernel), `pending_audio`;
 - `prompt` + `chat_template` (request → tokens and content keys), `sampling`, `detokenize`,
-  `constrained` (grammar-forced tool calls), `talker` (codec facts), `token2wav_stream` (one
-  reply's chunking) and `token2wav_runner` (the DiT and vocoder, batched), `loading` (weights;
-  `tiny` builds the tiny-random model), `phases` (per-reply phase timings).
+  `constrained` (grammar-forced tool calls), `phases` (per-reply phase timings), `loading`
+  and `tiny_models` (what every family's loader and tiny model share).
 """
 
 from .engine import ReferenceEngine

@@ -1,30 +1,45 @@
-"""The chat template: Qwen2.5-Omni's multimodal message format plus Qwen2.5's tool calling.
-
-Qwen2.5-Omni's own template renders text, audio, image and video parts but has no tool
-section; Qwen2.5 (the thinker's base LLM family) calls tools in the "hermes" style. This
-template joins the two so a conversation with tools renders the way the base model was
-trained on:
+"""The chat template the engine installs where a checkpoint's own has no tools: an omni
+model's multimodal message format plus hermes-style tool calling (the style the Qwen text
+models the thinkers grow from were trained on).
 
 - the first system message gets a `# Tools` section listing the tools as JSON;
 - an assistant turn with `tool_calls` ends with `<tool_call>\\n{"name": …, "arguments": …}\\n</tool_call>`;
 - `tool` messages become a user turn of `<tool_response>…</tool_response>` blocks;
-- an audio part renders as `<|audio_bos|><|AUDIO|><|audio_eos|>` and the processor expands
-  `<|AUDIO|>` to one token per audio frame (25 per second).
+- an audio, image or video part renders as the family's media markers (`MediaMarkers`), which
+  the prompt then expands to one token per encoder output frame.
 
-The tiny-random model ships it; real checkpoints keep their own template unless it lacks
-tool support, in which case the loader installs this one (see `loading.py`).
+Real checkpoints keep their own template unless it lacks tool support.
 """
 
-CHAT_TEMPLATE = (
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MediaMarkers:
+    """How a family's template writes one audio, image or video part."""
+    audio: str
+    image: str
+    video: str
+
+
+def chat_template(markers: MediaMarkers) -> str:
+    """The template with `markers` for media parts."""
+    return (_TEMPLATE.replace("@AUDIO@", markers.audio).replace("@IMAGE@", markers.image)
+            .replace("@VIDEO@", markers.video))
+
+
+_TEMPLATE = (
     "{%- macro render_content(content) -%}"
     "{%- if content is string -%}{{- content -}}"
     "{%- else -%}{%- for part in content -%}"
     "{%- if part.type == 'audio' or 'audio' in part or 'audio_url' in part -%}"
-    "{{- '<|audio_bos|><|AUDIO|><|audio_eos|>' -}}"
+    "{{- '@AUDIO@' -}}"
     "{%- elif part.type == 'image' or 'image' in part or 'image_url' in part -%}"
-    "{{- '<|vision_bos|><|IMAGE|><|vision_eos|>' -}}"
+    "{{- '@IMAGE@' -}}"
     "{%- elif part.type == 'video' or 'video' in part -%}"
-    "{{- '<|vision_bos|><|VIDEO|><|vision_eos|>' -}}"
+    "{{- '@VIDEO@' -}}"
     "{%- elif 'text' in part -%}{{- part.text -}}"
     "{%- endif -%}{%- endfor -%}{%- endif -%}"
     "{%- endmacro -%}"

@@ -7,16 +7,15 @@ then captures the compiled code in its own CUDA graphs, as it did the eager modu
 (cuda_graphs.py), so a replay runs the fused kernels with one launch.
 
 What is compiled is one *layer*, not a whole model ("regional" compilation): a decoder layer
-of the thinker, one of the talker (kv_pool.py runs the layers itself), and one DiT block of
-token2wav. Every layer of a model has the same code and shapes, and nothing in the compiled
+of the thinker, one of the talker (kv_pool.py runs the layers itself), a block of the audio
+decoder. Every layer of a model has the same code and shapes, and nothing in the compiled
 function depends on which layer it is (each layer's KV pool comes in with its `LayerView`),
-so one compile serves all 28 thinker layers (Qwen3-Omni's code predictor has an entry
-point of its own too, `predictor_layer`): compiling the unrolled 7B decode step took 107–149
-s on an H200, and the DiT's evaluation 230 s. The thinker and the talker have an entry point
-each (`thinker_layer`, `talker_layer`), so dynamo keeps their compiled code and the shapes it
+so one compile serves all of a model's layers, where compiling the unrolled decode step of a
+7B model takes minutes. Each family gives each model its own entry point (`thinker_layer`,
+`talker_layer`, …), so dynamo keeps their compiled code and the shapes it
 has seen apart. Decoder layers compile with automatic dynamic shapes: batch 1 specialises,
-the second batch size makes the batch dimension symbolic (two compiles per model); DiT blocks
-get their row and frame dimensions marked dynamic at once (one compile per kind of block).
+the second batch size makes the batch dimension symbolic (two compiles per model); blocks
+whose row and frame dimensions are marked dynamic (`mark_dynamic`) compile once.
 
 The first start compiles (seconds per layer kind) and writes inductor's and Triton's caches
 under `cache_dir` (`set_cache_dir`; the worker's `compile_cache_dir` option); later starts
@@ -32,8 +31,6 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-
-from .kv_pool import LayerView, decoder_layer
 
 logger = logging.getLogger(__name__)
 
@@ -55,29 +52,6 @@ def compile_step(function: Callable, enabled: bool) -> Callable:
     if not enabled:
         return function
     return torch.compile(function, fullgraph=True, dynamic=None)
-
-
-def thinker_layer(layer, hidden: torch.Tensor, view: LayerView, rotary) -> torch.Tensor:
-    """`decoder_layer` for the thinker's layers."""
-    return decoder_layer(layer, hidden, view, rotary)
-
-
-def talker_layer(layer, hidden: torch.Tensor, view: LayerView, rotary) -> torch.Tensor:
-    """`decoder_layer` for the talker's layers."""
-    return decoder_layer(layer, hidden, view, rotary)
-
-
-def predictor_layer(layer, hidden: torch.Tensor, mask: torch.Tensor, rotary) -> torch.Tensor:
-    """One layer of Qwen3-Omni's code predictor over its short frame sequence (no KV cache:
-    models/qwen3_omni/runner.py)."""
-    return layer(hidden, attention_mask=mask, position_embeddings=rotary, past_key_values=None,
-                 use_cache=False)
-
-
-def dit_block(block, hidden: torch.Tensor, time_embedding: torch.Tensor, rotary,
-              block_diff: torch.Tensor) -> torch.Tensor:
-    """One DiT transformer block of token2wav."""
-    return block(hidden, time_embedding, position_embeddings=rotary, block_diff=block_diff)
 
 
 def mark_dynamic(tensor: torch.Tensor, *dims: int) -> torch.Tensor:

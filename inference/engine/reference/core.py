@@ -11,8 +11,9 @@ gateway's).
 token2wav is asynchronous: a batch of chunks is launched on token2wav's own CUDA stream
 (token2wav_runner.py) and the loop goes on with decode steps; each step collects whatever
 audio has arrived on the host. One batch is in flight at a time, and a reply with a chunk in
-flight waits for it before its next one; a batch still out after TOKEN2WAV_STALL_S (a bound:
-at 16–32 calls batches are out 0.11–0.15 s) is waited for before the next step.
+flight waits for it before its next one; a batch still out after TOKEN2WAV_STALL_S (a bound
+well above a normal batch's time, so it never acts in normal running; the journal has the
+batch times) is waited for before the next step.
 
 A failure inside one reply's own work (its prefill, its talker's start, its sampling) fails
 that reply only; a failure inside a batched step fails the replies of that batch. Either way
@@ -32,9 +33,9 @@ import torch
 
 from ..exceptions import EngineError, EngineOverloaded
 from .reply import Phase, Reply
-from .runner import ModelRunner
+from .models.base import ModelRunner
+from .pending_audio import PendingWaves
 from .scheduler import Scheduler
-from .token2wav_runner import PendingWaves
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +43,9 @@ T = TypeVar("T")
 
 # how long the loop naps when replies are running but nothing could be done this step
 NAP_S = 0.001
-# a token2wav batch out longer than this holds the decode steps until its audio is out (on
-# an H200 batches are out 0.11-0.15 s beside the decode steps; should one ever fall this far
-# behind, listeners need audio more than codes)
+# a token2wav batch out longer than this holds the decode steps until its audio is out (a
+# bound several times what a busy GPU's batches take beside the decode steps; should one ever
+# fall this far behind, listeners need audio more than codes)
 TOKEN2WAV_STALL_S = 0.5
 # how long the loop waits on its inbox when nothing runs
 IDLE_WAIT_S = 0.5
@@ -78,6 +79,11 @@ class EngineCore:
 
     def end_session(self, session_id: str) -> None:
         self.inbox.put(("end_session", session_id))
+
+    @property
+    def token2wav_launched_at(self) -> float:
+        """When the loop last launched token2wav (time.monotonic()), for a stall report."""
+        return self._token2wav_launched
 
     def stalled_s(self) -> float:
         """Seconds the loop has been inside one round beyond ROUND_S: a long time means it
@@ -126,8 +132,8 @@ class EngineCore:
                 self.scheduler.add(value)
             except EngineOverloaded as error:
                 self._fail([value], error)
-            else:  # the clips its session's context no longer reads leave the encoder cache
-                self.runner.encoder_cache.read_by(value.session_id, {clip.key for clip in value.prompt.clips})
+            else:  # the clips and pictures its session's context no longer reads leave the encoder cache
+                self.runner.encoder_cache.read_by(value.session_id, value.prompt.media_keys)
         elif kind == "abort":
             value.cancelled = True
             self.scheduler.remove(value)
@@ -227,7 +233,7 @@ class EngineCore:
         """A chunk of the reply's prompt. Once the whole prompt is in, its first token: chosen
         now from the logits, or, where it is their argmax, returned on the device for the
         step's one read (choosing it here would wait for the device in the middle of the
-        step: at 32 calls on an H200 that wait was 8 % of the loop's time)."""
+        step, a visible share of a busy loop's time)."""
         logits = self.runner.prefill(reply, start, end)
         if logits is None or not reply.chooses_argmax:
             reply.after_prefill(end, logits)
@@ -257,6 +263,7 @@ class EngineCore:
 
     def _talker_start(self, reply: Reply) -> torch.Tensor:
         codes = self.runner.talker_start(reply)
+        reply.talker.length = reply.prepared.talker_feed.length + self.runner.talker_start_rows
         reply.talker.started = True
         reply.clock.mark("talker_started")
         return codes.reshape(-1)

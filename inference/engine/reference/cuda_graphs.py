@@ -16,23 +16,22 @@ a step's kernels with one launch. The rules that make this correct:
   different memory pools (a pool's graphs may share intermediate memory). cuBLAS keeps one
   workspace per stream, and the captured kernels keep the capture stream's: two graphs of
   one capture stream replayed at once share it, and cuBLAS's cooperative kernels, which keep
-  counters there, then corrupt each other's results or spin forever (seen on an H200: both
-  streams hung in `nvjet_sm90_tst_128x160_64x5_2x1_v_bz_coopA_bias_TNT`, all 132 blocks
-  spinning). The same holds for eager work on a stream some graph was captured on;
+  counters there, then corrupt each other's results or spin forever (seen: both streams hung
+  in one of cuBLAS's cooperative GEMMs, every block spinning). The same holds for eager work on a stream some graph was captured on;
 - so every stream the engine runs or captures on is its own (`own_stream`).
   `torch.cuda.Stream()` does not create a stream: it hands out one of a pool of 32 per
   priority, round robin, so the 33rd call returns the first call's stream again. A graph
   warm-up that drew a side stream per capture (about 60 for a 7B engine's graphs) made
   token2wav's streams come round to the talker's capture stream or torch's default capture
   stream, depending on how many graphs came before: adding five graphs of the audio encoder
-  turned rare hangs into hangs in 3 of 4 steady runs (H200, 2026-12-04). Captures here draw
+  turned rare hangs into frequent ones. Captures here draw
   no stream: each warms up and captures on the stream it is given.
 
 Batched steps are captured once per batch-size bucket: a batch of 5 replays the graph for 8
 with three padding rows. A decode step reads every weight once whatever its rows, so its
 padding costs almost nothing and its buckets are powers of two (`batch_buckets`). Token2wav's
 work grows with every row (a DiT window and a vocoder chunk each), so its buckets are closer
-(`fine_batch_buckets`): at 36 calls its batches held 9 replies on average and ran as 16.
+(`fine_batch_buckets`): a batch of 9 replies would otherwise run as 16.
 """
 
 from __future__ import annotations
@@ -51,7 +50,7 @@ logger = logging.getLogger(__name__)
 
 # the streams `own_stream` has handed out and whose owners still hold them, by CUDA handle;
 # emptied at exit, before the interpreter's teardown: one bench process crashed on its way out
-# in `_PyWeakref_ClearRef` (H200, 2026-12-04); the cause is not proven (a process holding
+# in `_PyWeakref_ClearRef`; the cause is not proven (a process holding
 # only owned streams exited cleanly without this), but weak references to torch's stream
 # objects need not outlive the program
 _OWNED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()

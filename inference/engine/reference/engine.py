@@ -24,66 +24,27 @@ from ..base import (
 )
 from ..exceptions import EngineError
 from ..tool_calls import OPEN_TAG
+from ..prepare import run_prepare
 from ..truncation import fit_context
 from .constrained import CLOSING_LIMIT, GrammarFactory
 from .compiled import set_cache_dir
 from .core import EngineCore
-from .int8_matmul import HAVE_TRITON
 from .kv_pool import kv_bytes_per_token
-from .loading import LoadedModel, resolve_device, resolve_dtype
-from .models import QWEN3_TINY, family_for
+from .loading import LoadedModel, resolve_device, resolve_dtype, weight_bytes
+from .models import FAMILIES, TINY_MODELS, family_for
 from .prompt import Prompt, build_prompt, template_tools
 from .reply import GenerationSettings, PreparedPrompt, Reply, max_new_tokens
-from .runner import ModelRunner  # the Qwen2.5-Omni family's; every family's has its interface
-from .models.qwen3_omni.code2wav_stream import Code2WavPlan
+from .models.base import ModelRunner
+from .options import DEFAULT_PRESET, GPU_TARGET_SLOTS, MAX_SLOTS, check_preset, fill, split_options
 from .sampling import SamplingParams
-from .scheduler import AHEAD_CHUNKS, Scheduler, SlotTable
-from .token2wav_stream import LOADED_BATCH, ChunkPlan
-from .tiny import cache_root
+from .scheduler import Scheduler, SlotTable
+from .tiny_models import cache_root
 
 logger = logging.getLogger(__name__)
 
-# Chunk-plan defaults: later chunks with 5 ODE steps, the first (the one a listener waits for)
-# with 3, each with one block of look-ahead (transformers' offline model runs 10 steps; fewer
-# make rougher audio, see docs/reference-engine.md). The first chunk is one block (0.24 s);
-# later chunks two (0.48 s), since each window recomputes its look-back and look-ahead and the
-# vocoder its context: two-block chunks cost ~35 % less token2wav work per second of speech. On
-# a GPU the two chunks after the first stay one block while the listener's buffer builds up
-# (ramp_chunks); an H200 at 24 steady calls: first audio p95 0.78 -> 0.60 s, replies with a
-# gap 61 -> 41 % (docs/reference-engine.md, "Measured"). A CPU's steps are too slow to ramp.
-ODE_STEPS, FIRST_ODE_STEPS = 5, 3
-# Under load (a token2wav batch of LOADED_BATCH replies or more, token2wav_stream.py) later
-# chunks take 3 ODE steps, as every first chunk does: 8 DiT evaluations instead of 16, where
-# the decode steps need the GPU most (cuda only). An H200 then carried 40 steady calls at 3 s
-# in / 4 s replies, 32 at 2 s / 8 s and 40 of a 1-6 s / 1-10 s mix, against 32, 24 and 28
-# with 5 steps (docs/reference-engine.md, "Fewer DiT evaluations under load").
-LOADED_ODE_STEPS = 3
-CHUNK_BLOCKS = 2
-
-
-def default_ramp_chunks(cuda: bool) -> int:
-    return 2 if cuda else 0
-
-
-MAX_SLOTS = 64
-CPU_KV_SLOTS, CPU_CONTEXT_TOKENS = 8, 4096
-GPU_TARGET_SLOTS = 32          # calls one GPU aims to carry at once (the engine's benchmarks)
 MIN_CONTEXT_TOKENS = 4096      # sized from memory, the context never gets shorter than this
 MODEL_CONTEXT_TOKENS = 32_768  # Qwen2.5-Omni's limit, when a config does not say
 CONTEXT_STEP = 1024            # contexts sized from memory are multiples of this
-
-
-@dataclass(frozen=True)
-class ReplyDefaults:
-    max_new_tokens: int
-    max_audio_seconds: float
-    min_audio_seconds: float
-
-
-REPLY = ReplyDefaults(max_new_tokens=512, max_audio_seconds=60.0, min_audio_seconds=0.0)
-# tiny-random's random talker says its end code early at random and its thinker never stops
-# by itself: 2-5 s of sound and a short text, what ./scripts/dev has always asked for
-TINY_RANDOM_REPLY = ReplyDefaults(max_new_tokens=48, max_audio_seconds=5.0, min_audio_seconds=2.0)
 
 
 @dataclass(frozen=True)
@@ -124,116 +85,11 @@ def size_kv(budget_bytes: int, thinker_token_bytes: int, talker_token_bytes: int
 
 
 class ReferenceEngine(OmniEngine):
-    """Qwen2.5-Omni in torch with transformers' classes, many replies batched step by step.
+    """An omni model in torch with transformers' classes, many replies batched step by step.
 
-    Options (keyword arguments, all optional):
-      device: "auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", …
-      dtype: "auto" (bfloat16 on cuda, float32 on cpu), "bfloat16", "float16", "float32":
-        the thinker's and talker's (token2wav: see token2wav_dtype).
-      kv_slots: replies that can hold KV memory at once, running or cached between a
-        session's turns: the engine's capacity (default: see below).
-      context_tokens: thinker tokens a KV slot holds, prompt and reply together: how much of
-        a conversation the model reads (older items leave it as the request's truncation
-        allows, else the request is refused with `ContextLengthExceeded`).
-        Defaults: on cpu 8 slots of 4096 tokens. On cuda both come from the KV memory
-        (`kv_memory_fraction` of the free memory after loading; ~0.1 MB a token for thinker
-        and talker at 7B): 32 slots with the longest context they fit, up to the model's
-        own limit (32,768 for Qwen2.5-Omni), never under 4096 (then fewer slots); with more
-        memory than 32 slots of the model's limit take, more slots (at most 64). Given one,
-        the other is sized from memory. One log line at start-up says what was chosen.
-      target_kv_slots: the slots aimed at on cuda when neither kv_slots nor context_tokens
-        is given, in place of 32: a preference, where fewer fit at 4096 tokens fewer are
-        taken (the worker sets it from its sessions: inference/capacity.py).
-      kv_memory_fraction: share of the free GPU memory after loading the KV pool may take
-        (default 0.5; the rest is for activations and graphs).
-      prefill_chunk_tokens: prompt tokens prefilled per loop step (default 512 on cuda, 256 on
-        cpu); running replies decode between chunks, and a cancel stops a prefill between them.
-      max_waiting: replies that may wait for memory at once before more are refused with
-        `EngineOverloaded` (default: kv_slots); max_queue_wait_s: how long one may wait
-        (default 10).
-      playback_margin_s: audio a listener must have left before token2wav runs for anyone
-        (default 0.5: while everyone has more, decode steps go first and chunks batch up);
-        token2wav_interval_s: the shortest time between two such runs (default 0.25; a first
-        chunk never waits for it).
-      token2wav_dtype: the DiT's dtype: "auto" (default: bfloat16 on cuda, float32 on cpu),
-        "bfloat16" or "float32" (transformers' choice). On an H200 at 16 sessions bfloat16
-        made 2.8× the audio per second of float32; its effect on real voices is unmeasured
-        here. The ODE's state and time embedding stay float32, and so does the vocoder.
-      encoder_cache_mb: audio-encoder outputs kept for reuse across turns (default 512).
-      max_new_tokens: cap on the thinker's reply (default 512; 48 for tiny-random); a
-        request's `max_output_tokens` can only lower it.
-      max_audio_seconds: cap on speech per reply (default 60; 5 for tiny-random); the talker
-        stops there even if it never produces its end code.
-      min_audio_seconds: the talker's end codes are masked until this much speech exists
-        (generate's `talker_min_new_tokens`; default 0; 2 for tiny-random, whose random
-        talker may end after a few codes: its replies are 2-5 s of sound, as ./scripts/dev
-        has always made them).
-      max_tool_argument_tokens: length budget of a forced tool call's arguments (default 256).
-      fused_vocoder: Qwen2.5-Omni's vocoder runs each anti-aliased Snake activation as one
-        Triton kernel (vocoder_kernels.py) instead of the modules' five or more (default True
-        on cuda where Triton is installed, else False; the same arithmetic within 1e-5).
-      ode_steps: token2wav DiT ODE steps per chunk (default 5; transformers runs 10; fewer
-        is faster and rougher).
-      loaded_ode_steps, loaded_batch: the ODE steps of the chunks after the first in a
-        token2wav batch of at least loaded_batch replies, i.e. on a busy engine (defaults 3
-        and 6 on cuda; 0: ode_steps whatever the load, the cpu default).
-      first_chunk_blocks, chunk_blocks: audio chunk sizes in DiT blocks of 24 mel frames
-        (0.24 s, 12 talker codes); the first chunk is small so audio starts early (defaults
-        1 and 2).
-      ramp_chunks: chunks after the first that are first_chunk_blocks long before chunks grow
-        to chunk_blocks (default 2 on cuda, 0 on cpu), so a listener's buffer builds up
-        before a chunk needs chunk_blocks × 12 codes more to exist. Larger chunks cost fewer
-        DiT windows per second of speech (each window recomputes its look-back and
-        look-ahead) and less vocoder context.
-      lookahead_blocks, lookback_blocks: DiT context around each chunk (defaults 1 and 2).
-      first_lookahead_blocks, first_ode_steps: the same for the first chunk only (defaults:
-        as lookahead_blocks, and 3). The first chunk waits for
-        (first_chunk_blocks + first_lookahead_blocks) × 12 codes, one decode step each, so
-        these set most of the time to first audio.
-      quick_start_below: a reply admitted while fewer than this many other replies are
-        running or waiting makes its first chunk without look-ahead: first audio 12 decode
-        steps sooner, and on a quiet engine the next chunk still comes in time; a busy
-        engine's steps are slower and the listener would hear a gap, so there the look-ahead
-        stays (default 3 on cuda, where an H200 measured 0.18 s to first audio with no gap at
-        one session and a gap in half the replies at 16 calls without this rule; 0 on cpu,
-        whose steps are too slow for it).
-      talker_ahead_chunks: a talker this many chunks' worth of codes ahead of its audio waits
-        for token2wav (default 2; 0: no limit). See scheduler.py.
-      cuda_graphs: capture the thinker's and talker's decode steps per batch-size bucket,
-        prompt chunks per (length bucket, attention window), the token2wav ODE and the
-        vocoder per batch bucket, at start-up (default True on cuda; cuda only).
-      talker_stream: the talker's decode step goes first in a loop step, reading the thinker
-        states of earlier steps, and on cuda runs on a stream of its own beside the thinker's
-        (runner.py's DeviceRunner). The codes are the same either way. Default True on cuda
-        for Qwen2.5-Omni: on an H200 the two steps side by side take 4.3 ms against 5.2 one
-        after the other, and 32 steady calls went from 7 % of replies with a gap to 1 %
-        (2026-12-04); False elsewhere (Qwen3-Omni's is not measured on a GPU yet).
-      int8_weights: Qwen2.5-Omni's thinker and talker read int8 copies of their layers'
-        weights (a scale per output channel), and the thinker of its lm_head, in decode steps,
-        through one Triton kernel (int8_matmul.py); prompt chunks keep the bfloat16 weights,
-        which stay loaded (about 8.5 GB more at 7B). Default True on cuda for Qwen2.5-Omni
-        where Triton is there: on an H200 a 7B thinker step takes 3.3 ms against 4.5, the
-        thinker's and talker's steps side by side 3.9 against 4.2 with the thinker's alone in
-        int8, and 2 s in / 8 s replies went from 32 to 40 steady calls together with
-        token2wav's closer buckets (2026-12-04). Each product is within 1 % (relative L2) of
-        bfloat16's; set it False to serve the bfloat16 weights unchanged.
-      compile: torch.compile (inductor) the decode steps and the DiT evaluation before they
-        are captured: fused kernels, about half the step time on an H200 (default True on
-        cuda, False on cpu). Compiling takes minutes the first time, seconds from the cache.
-      compile_cache_dir: where inductor's and Triton's compile caches live (default
-        `$OMNI_CACHE_DIR/compile`, i.e. ~/.cache/omni-voice-agent/compile): keep it on a
-        volume so a restarted worker starts from the cache.
-      code2wav_first_frames, code2wav_chunk_frames, code2wav_left_context (Qwen3-Omni):
-        audio chunks in codec frames of 80 ms: the first chunk (default 2), later ones
-        (default 4: on an H200 at 30B-A3B shapes 24 steady calls gap-free against 8 with 12;
-        after ramp_chunks chunks of the first's size), and the frames before a
-        chunk its decoder sees (default 25, as vllm-omni's streaming; code2wav is causal, so
-        with a context as long as the reply the chunks are exactly the offline decode).
-      seed: fixes all sampling and token2wav noise (default None: random per reply).
-      torch_threads: torch's intra-op threads for the process (default: 1 for tiny-random on
-        cpu, whose ops are too small to gain from threads that spin on a busy machine;
-        otherwise torch's own default).
-      warmup: run one short generation in `start()` (default True).
+    `ReferenceEngine(model, preset="exact", **options)`: the options are typed and documented
+    in options.py (every family's) and models/*/options.py (each family's); docs/reference-engine.md
+    has them as a table. A preset fills in what is not given (options.py).
 
     Truncation: when the prompt does not fit `context_tokens` with room for the reply, the
     oldest conversation items are left out as `request.truncation` allows (see
@@ -251,125 +107,74 @@ class ReferenceEngine(OmniEngine):
 
     name = "reference"
 
-    def __init__(self, model: str, *, device: str = "auto", dtype: str = "auto",
-                 kv_slots: int | None = None, target_kv_slots: int = GPU_TARGET_SLOTS,
-                 kv_memory_fraction: float = 0.5,
-                 context_tokens: int | None = None, prefill_chunk_tokens: int | None = None,
-                 max_waiting: int | None = None, max_queue_wait_s: float = 10.0,
-                 playback_margin_s: float = 0.5, token2wav_interval_s: float = 0.25,
-                 token2wav_dtype: str = "auto", encoder_cache_mb: int = 512,
-                 max_new_tokens: int | None = None, max_audio_seconds: float | None = None,
-                 min_audio_seconds: float | None = None, max_tool_argument_tokens: int = 256,
-                 ode_steps: int | None = None, first_chunk_blocks: int = 1,
-                 chunk_blocks: int | None = None, lookahead_blocks: int = 1,
-                 lookback_blocks: int = 2, first_lookahead_blocks: int | None = None,
-                 first_ode_steps: int | None = None, ramp_chunks: int | None = None,
-                 loaded_ode_steps: int | None = None, loaded_batch: int = LOADED_BATCH,
-                 quick_start_below: int | None = None, talker_ahead_chunks: int = AHEAD_CHUNKS,
-                 cuda_graphs: bool | None = None, talker_stream: bool | None = None,
-                 int8_weights: bool | None = None,
-                 fused_vocoder: bool | None = None, compile: bool | None = None,
-                 compile_cache_dir: str | None = None,
-                 code2wav_first_frames: int = 2, code2wav_chunk_frames: int = 4,
-                 code2wav_left_context: int = 25,
-                 seed: int | None = None, torch_threads: int | None = None,
-                 warmup: bool = True) -> None:
+    def __init__(self, model: str, *, preset: str = DEFAULT_PRESET, **options) -> None:
         super().__init__(model)
-        self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype, self.device)
-        cuda = self.device.type == "cuda"
-        if cuda_graphs is None:
-            cuda_graphs = cuda
-        if cuda_graphs and not cuda:
-            raise ValueError("cuda_graphs needs a cuda device")
-        self.compile = cuda if compile is None else compile
-        self.fused_vocoder = fused_vocoder  # None: on cuda where Triton is there
-        self.compile_cache_dir = compile_cache_dir
-        if kv_slots is not None and not 1 <= kv_slots <= MAX_SLOTS:
-            raise ValueError(f"kv_slots must be between 1 and {MAX_SLOTS}")
-        if not 1 <= target_kv_slots <= MAX_SLOTS:
-            raise ValueError(f"target_kv_slots must be between 1 and {MAX_SLOTS}")
-        self.target_kv_slots = target_kv_slots
         self.family = family_for(model)
-        qwen25_on_cuda = cuda and self.family.name == "qwen2.5-omni"
-        if int8_weights and self.family.name != "qwen2.5-omni":
-            raise ValueError("int8_weights is for Qwen2.5-Omni (its joined layers)")
-        if int8_weights is None:
-            int8_weights = qwen25_on_cuda and HAVE_TRITON
-        if talker_stream is None:
-            talker_stream = qwen25_on_cuda
-        tiny = model in ("tiny-random", QWEN3_TINY)
-        reply_defaults = TINY_RANDOM_REPLY if tiny else REPLY
-        max_new_tokens = reply_defaults.max_new_tokens if max_new_tokens is None else max_new_tokens
-        max_audio_seconds = reply_defaults.max_audio_seconds if max_audio_seconds is None else max_audio_seconds
-        min_audio_seconds = reply_defaults.min_audio_seconds if min_audio_seconds is None else min_audio_seconds
-        if (context_tokens is not None and context_tokens < 16) or max_new_tokens < 1 or max_audio_seconds <= 0:
-            raise ValueError("context_tokens, max_new_tokens and max_audio_seconds must be positive")
-        if not 0 < kv_memory_fraction <= 0.95:
-            raise ValueError("kv_memory_fraction must be in (0, 0.95]")
-        self.cuda_graphs = cuda_graphs
-        self.talker_stream = talker_stream
-        self.int8_weights = int8_weights
-        self.kv_slots = kv_slots
-        self.kv_memory_fraction = kv_memory_fraction
-        self.context_tokens = context_tokens  # None: sized at start (`size_kv`)
-        self.prefill_chunk_tokens = prefill_chunk_tokens or (512 if cuda else 256)
-        self.max_waiting = max_waiting
-        self.max_queue_wait_s = max_queue_wait_s
-        self.playback_margin_s = playback_margin_s
-        self.token2wav_interval_s = token2wav_interval_s
-        self.quick_start_below = (3 if cuda else 0) if quick_start_below is None else quick_start_below
-        if talker_ahead_chunks < 0:
-            raise ValueError("talker_ahead_chunks cannot be negative")
-        self.talker_ahead_chunks = talker_ahead_chunks
-        self.token2wav_dtype = resolve_dtype(token2wav_dtype, self.device)
-        self.encoder_cache_bytes = encoder_cache_mb << 20
-        ode_steps = ODE_STEPS if ode_steps is None else ode_steps
-        first_ode_steps = FIRST_ODE_STEPS if first_ode_steps is None else first_ode_steps
-        chunk_blocks = CHUNK_BLOCKS if chunk_blocks is None else chunk_blocks
-        ramp_chunks = default_ramp_chunks(cuda) if ramp_chunks is None else ramp_chunks
-        if loaded_ode_steps is None:
-            loaded_ode_steps = LOADED_ODE_STEPS if cuda else 0
+        # the family's picture spec; narrowed to the loaded processor's at start
+        self.reads_images = self.family.reads_images
+        self.reads_video = self.family.reads_video
+        if self.reads_images:
+            self.image_spec = self.family.image_spec
+        self.preset = check_preset(preset)
+        engine_options, family_options = split_options(options, self.family, FAMILIES)
+        self.device = resolve_device(engine_options.device)
+        self.dtype = resolve_dtype(engine_options.dtype, self.device)
+        cuda = self.device.type == "cuda"
+        if engine_options.cuda_graphs and not cuda:
+            raise ValueError("cuda_graphs needs a cuda device")
+        self.family_options = family_options.with_preset(self.preset, cuda)
+        engine_options = fill(engine_options, self.family_options.neutral_defaults(cuda))
+        self.options = engine_options.with_preset(self.preset, cuda, tiny=model in TINY_MODELS)
+        self.context_tokens = self.options.context_tokens  # None until sized from memory (`size_kv`)
         self.settings = GenerationSettings(
-            max_new_tokens=max_new_tokens, max_audio_seconds=max_audio_seconds,
-            min_audio_seconds=min_audio_seconds, talker_sampling=self.family.talker_sampling,
-            max_tool_argument_tokens=max_tool_argument_tokens, seed=seed,
-            chunk_plan=ChunkPlan(first_chunk_blocks=first_chunk_blocks, chunk_blocks=chunk_blocks,
-                                 lookahead_blocks=lookahead_blocks, lookback_blocks=lookback_blocks,
-                                 ode_steps=ode_steps, first_lookahead_blocks=first_lookahead_blocks,
-                                 first_ode_steps=first_ode_steps, ramp_chunks=ramp_chunks,
-                                 loaded_ode_steps=loaded_ode_steps, loaded_batch=loaded_batch),
-            code2wav_plan=Code2WavPlan(first_chunk_frames=code2wav_first_frames,
-                                       chunk_frames=code2wav_chunk_frames, ramp_chunks=ramp_chunks,
-                                       left_context_frames=code2wav_left_context))
-        if torch_threads is None and tiny and not cuda:
-            torch_threads = 1
-        self.torch_threads = torch_threads
-        self.warmup = warmup
-        self.voices: tuple[str, ...] = ("Chelsie", "Ethan")
+            max_new_tokens=self.options.max_new_tokens, max_audio_seconds=self.options.max_audio_seconds,
+            min_audio_seconds=self.options.min_audio_seconds, talker_sampling=self.family.talker_sampling,
+            max_tool_argument_tokens=self.options.max_tool_argument_tokens, seed=self.options.seed)
+        self.voices: tuple[str, ...] = ()
+        self.weight_bytes = 0  # stated at start (loading.weight_bytes)
         self.loaded: LoadedModel | None = None
         self.runner: ModelRunner | None = None
         self.scheduler: Scheduler | None = None
         self.core: EngineCore | None = None
         self._grammar = None
 
+    def describe(self) -> dict:
+        """What runs, for /health and the benchmarks: the family, the preset, every option's
+        value and, once started, the talker's frames per second of speech and what the runner
+        says of itself."""
+        described = {"family": self.family.name, "preset": self.preset, "options": self._options()}
+        if self.runner is not None:
+            described["codes_per_second"] = self._codes_per_second
+            described["runner"] = self.runner.describe()
+        return described
+
+    def _options(self) -> dict:
+        return {**dataclasses.asdict(self.options), **dataclasses.asdict(self.family_options)}
+
     # ----------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
-        if self.torch_threads:
-            torch.set_num_threads(self.torch_threads)
+        if self.options.torch_threads:
+            torch.set_num_threads(self.options.torch_threads)
         await self.start_with_model(
-            await asyncio.to_thread(self.family.load, self.model, self.device, self.dtype))
+            await asyncio.to_thread(self.family.load_with, self.model, self.device, self.dtype,
+                                    self.family_options))
 
     async def start_with_model(self, loaded: LoadedModel) -> None:
-        """Start on a model already in memory (the GPU benchmark builds random 7B-shaped
-        weights this way instead of writing and reading 20 GB)."""
+        """Start on a model already in memory (the GPU benchmark builds random weights at
+        published shapes this way instead of writing and reading tens of GB)."""
         self.loaded = loaded
-        if self.compile:
-            set_cache_dir(self.compile_cache_dir or cache_root() / "compile")
+        options = self.options
+        if options.compile:
+            set_cache_dir(options.compile_cache_dir or cache_root() / "compile")
         model = loaded.model
         family = self.family
+        self.weight_bytes = weight_bytes(model)
+        logger.info("weights: %.2f GiB on %s (parameters and buffers as stored: 8-bit weights a byte, 4-bit "
+                    "half a byte, with their scales)", self.weight_bytes / 2**30, self.device)
         self.voices = family.voices(model)
+        if self.reads_images:
+            self.image_spec = family.image_spec_for(loaded.processor)
         if not self.voices:
             raise EngineError(f"{self.model} has no speakers")
         tokenizer = loaded.processor.tokenizer
@@ -380,53 +185,52 @@ class ReferenceEngine(OmniEngine):
         self._codes_per_second = family.codes_per_second(model)
         speech_codes = max(1, int(self.settings.max_audio_seconds * self._codes_per_second)) + 4
         slots, self.context_tokens = self._size_kv(speech_codes)
-        talker_capacity = self.context_tokens + speech_codes
         self.runner = await asyncio.to_thread(
-            family.runner, model, loaded.processor, slots=slots,
-            thinker_capacity=self.context_tokens, talker_capacity=talker_capacity,
-            talker_sampling=self.settings.talker_sampling, chunk_plan=self.settings.chunk_plan,
-            device=self.device, cuda_graphs=self.cuda_graphs, talker_stream=self.talker_stream,
-            int8_weights=self.int8_weights,
-            encoder_cache_bytes=self.encoder_cache_bytes,
-            prefill_chunk_tokens=self.prefill_chunk_tokens, token2wav_dtype=self.token2wav_dtype,
-            compile=self.compile, other_chunk_plans=self._other_chunk_plans(),
-            fused_vocoder=self.fused_vocoder, settings=self.settings)
-        self._audio_stream = family.audio_stream(self.runner, self.settings)
+            family.runner, model, loaded.processor, self.family_options, options, device=self.device,
+            slots=slots, thinker_capacity=self.context_tokens,
+            talker_capacity=self.context_tokens + speech_codes,
+            talker_sampling=self.settings.talker_sampling)
+        self._audio_stream = family.audio_stream(self.runner, self.family_options, options)
         self._talker_end_codes = family.talker_end_codes(model)
         self.scheduler = Scheduler(
-            SlotTable(slots), prefill_chunk_tokens=self.prefill_chunk_tokens,
-            max_waiting=self.max_waiting or slots, max_queue_wait_s=self.max_queue_wait_s,
-            playback_margin_s=self.playback_margin_s, token2wav_interval_s=self.token2wav_interval_s,
-            quick_start_below=self.quick_start_below, ahead_chunks=self.talker_ahead_chunks)
+            SlotTable(slots), prefill_chunk_tokens=options.prefill_chunk_tokens,
+            max_waiting=options.max_waiting or slots, max_queue_wait_s=options.max_queue_wait_s,
+            playback_margin_s=options.playback_margin_s, token2wav_interval_s=options.token2wav_interval_s,
+            quick_start_below=options.quick_start_below, ahead_chunks=options.talker_ahead_chunks)
         self.core = EngineCore(self.runner, self.scheduler)
         self.core.start()
-        if self.warmup:
+        logger.info("reference engine: %s, preset %s (%s)", family.title, self.preset,
+                    ", ".join(f"{name}={value}" for name, value in self._options().items()))
+        if options.warmup:
             await self._warm_up()
 
-    def _other_chunk_plans(self) -> tuple[ChunkPlan, ...]:
-        """Chunk plans replies may switch to (a quick start), whose windows need graphs too."""
-        plan = self.settings.chunk_plan
-        quick = plan.quick_start()
-        return (quick,) if self.quick_start_below and quick != plan else ()
-
     def _size_kv(self, speech_codes: int) -> tuple[int, int]:
-        """KV slots and context tokens: as given, the cpu defaults, or from GPU memory."""
+        """KV slots and context tokens: as given (or the cpu's), else from GPU memory."""
+        options = self.options
         if self.device.type != "cuda":
-            slots, context = self.kv_slots or CPU_KV_SLOTS, self.context_tokens or CPU_CONTEXT_TOKENS
-            logger.info("KV memory: %d slots of %d tokens of context (kv_slots, context_tokens)", slots, context)
-            return slots, context
+            logger.info("KV memory: %d slots of %d tokens of context (kv_slots, context_tokens)",
+                        options.kv_slots, options.context_tokens)
+            return options.kv_slots, options.context_tokens
         text_config, talker_config = self.family.kv_configs(self.loaded.model)
-        free, _ = torch.cuda.mem_get_info(self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        if options.gpu_memory_gb is not None:  # what an engine alone on a GPU of that size would have free
+            cap = int(options.gpu_memory_gb * 2**30)
+            if cap > total:
+                raise ValueError(f"gpu_memory_gb {options.gpu_memory_gb:g} is more than the GPU's "
+                                 f"{total / 2**30:.1f} GiB")
+            free = max(0, min(free, cap - (total - free)))
+            torch.cuda.set_per_process_memory_fraction(cap / total, self.device)
         sizing = size_kv(
-            int(free * self.kv_memory_fraction), kv_bytes_per_token(text_config, self.dtype),
-            kv_bytes_per_token(talker_config, self.dtype), speech_codes, slots=self.kv_slots,
-            context_tokens=self.context_tokens, target_slots=self.target_kv_slots,
+            int(free * options.kv_memory_fraction), kv_bytes_per_token(text_config, self.dtype),
+            kv_bytes_per_token(talker_config, self.dtype), speech_codes, slots=options.kv_slots,
+            context_tokens=options.context_tokens, target_slots=options.target_kv_slots,
             model_context_tokens=getattr(text_config, "max_position_embeddings", None) or MODEL_CONTEXT_TOKENS)
         logger.info("KV memory: %d slots of %d tokens of context, %.2f GB a slot, %.1f of %.1f GB free "
-                    "(kv_memory_fraction %g); more slots carry more calls at once, a longer context "
+                    "(kv_memory_fraction %g%s); more slots carry more calls at once, a longer context "
                     "remembers more of each (kv_slots, context_tokens)", sizing.slots, sizing.context_tokens,
                     sizing.slot_bytes / 2**30, sizing.slots * sizing.slot_bytes / 2**30, free / 2**30,
-                    self.kv_memory_fraction)
+                    options.kv_memory_fraction,
+                    f", under gpu_memory_gb {options.gpu_memory_gb:g}" if options.gpu_memory_gb else "")
         return sizing.slots, sizing.context_tokens
 
     async def close(self) -> None:
@@ -474,10 +278,11 @@ class ReferenceEngine(OmniEngine):
 
     async def _generate(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         arrived = time.monotonic()
+        self.refuse_unread_media(request)  # before any work, started or not
         if self.core is None:
             raise EngineError("the reference engine is not started")
         voice = self._voice(request.voice)
-        prepared, truncated = await asyncio.to_thread(self._prepare, request, voice)
+        prepared, truncated = await run_prepare(request, self._prepare, request, voice)
         if self.core is None:  # closed while the prompt was being prepared
             raise EngineError("the reference engine is shutting down")
         if truncated is not None:
@@ -485,7 +290,8 @@ class ReferenceEngine(OmniEngine):
         prompt = prepared.prompt
         envelope = len(self.loaded.processor.tokenizer.encode(prepared.forced_prefix, add_special_tokens=False)) \
             if prepared.forced_prefix else 0  # the forced call's opening belongs to the reply (reply.py)
-        read: PromptRead | None = PromptRead(prompt.length - envelope, prompt.audio_tokens)  # with the first delta
+        read: PromptRead | None = PromptRead(  # with the first delta
+            prompt.length - envelope, prompt.audio_tokens, prompt.image_tokens)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         reply = Reply(
@@ -493,7 +299,7 @@ class ReferenceEngine(OmniEngine):
             tokenizer=self.loaded.processor.tokenizer, thinker_sampling=self._thinker_sampling,
             stop_ids=self._stop_ids, tool_open_id=self._tool_open_id, grammar=self._grammar,
             talker_end_codes=self._talker_end_codes, codes_per_second=self._codes_per_second,
-            audio_stream=self._audio_stream, talker_reads_chosen=self.family.talker_reads_chosen,
+            audio_stream=self._audio_stream,
             device=self.device, emit=lambda item: _post(loop, queue, item), arrived=arrived)
         reply.timings["prompt_s"] = time.monotonic() - arrived
         self.core.add(reply)
@@ -512,16 +318,21 @@ class ReferenceEngine(OmniEngine):
                     read = None
                 if isinstance(item, Finished):
                     finished = True
-                    audio_id = self.loaded.model.thinker.config.audio_token_id
-                    yield dataclasses.replace(item, cached_tokens=reply.reused, cached_audio_tokens=int(
-                        (prompt.input_ids[0, :reply.reused] == audio_id).sum()))
+                    config = self.loaded.model.thinker.config
+                    cached = prompt.input_ids[0, :reply.reused]
+                    yield dataclasses.replace(
+                        item, cached_tokens=reply.reused,
+                        cached_audio_tokens=int((cached == config.audio_token_id).sum()),
+                        cached_image_tokens=int(((cached == config.image_token_id) | (cached == config.video_token_id)
+                                                 ).sum()) if prompt.pictures or prompt.videos else 0)
                     return
                 yield item
         finally:
             if not finished:  # cancelled or abandoned: stop its work before the next step
                 self.core.abort(reply)
 
-    def _prepare(self, request: GenerationRequest, voice: str) -> tuple[PreparedPrompt, ContextTruncated | None]:
+    def _prepare(self, request: GenerationRequest, voice: str,
+                 cancelled=None) -> tuple[PreparedPrompt, ContextTruncated | None]:
         """Chat template, tokens and rope positions (CPU work, off the event loop), the
         context's truncation, and the checks that refuse a request before it costs any GPU
         time."""
@@ -539,20 +350,22 @@ class ReferenceEngine(OmniEngine):
             return prompts[start]
 
         start = fit_context(request.context, request.truncation, room=room,
-                            measure=lambda at: prompt_from(at).length)
+                            measure=lambda at: prompt_from(at).length, cancelled=cancelled)
         prompt = prompt_from(start)
         truncated = None
         if start:
+            # counted from the longest prompt rendered: a context too long to render whole (the
+            # per-render cost limit, truncation.py) is not rendered only to count what it dropped
             truncated = ContextTruncated(
                 first_item_id=request.context[start].item_id,
                 dropped_items=len({item.item_id for item in request.context[:start]}),
-                dropped_tokens=prompt_from(0).length - prompt.length)
+                dropped_tokens=prompts[min(prompts)].length - prompt.length)
         speaks = "audio" in request.modalities and not forced
         positions = self.family.positions(self.loaded.model, prompt, voice, speaks)
         return PreparedPrompt(
             prompt=prompt, thinker_positions=positions.thinker, thinker_rope_delta=positions.thinker_delta,
             talker_positions=positions.talker, talker_rope_delta=positions.talker_delta,
-            forced_tools=forced, forced_prefix=prefix, max_new_tokens=limit), truncated
+            talker_feed=positions.talker_feed, forced_tools=forced, forced_prefix=prefix, max_new_tokens=limit), truncated
 
     @staticmethod
     def _forced_tools(request: GenerationRequest) -> list[dict] | None:

@@ -27,7 +27,7 @@ def to_device(values, device: torch.device, dtype: torch.dtype = torch.long) -> 
     """Host values (a list, an array or a CPU tensor) as a new tensor on `device`, without the
     wait a blocking copy makes: `.to(device)` and `torch.tensor(..., device=)` synchronise the
     current stream after the copy, so the loop would stop there until every step it has
-    queued is done (py-spy at 32 calls on an H200 found the talkers' starts waiting so)."""
+    queued is done (a profile of a busy GPU engine found the talkers' starts waiting so)."""
     if not isinstance(values, torch.Tensor):
         values = torch.from_numpy(np.asarray(values, dtype=NUMPY_DTYPES[dtype]))
     return values.to(device, non_blocking=True)

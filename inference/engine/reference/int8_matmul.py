@@ -2,11 +2,11 @@
 
 A decode step multiplies a few rows (one per running reply, 1 to 32) by every weight matrix
 once, so its time is the time to read the weights. In bfloat16, read by cuBLAS, a 7B thinker's
-products reach 3.0-3.3 TB/s on an H200 (bench/decode_gemm.py). Stored as int8 with one scale
+products come close to the GPU's bandwidth (bench/decode_gemm.py). Stored as int8 with one scale
 per output channel (`quantize`), the weights are half the bytes. The kernel reads them as int8
 and widens them to the activations' dtype in registers, so nothing wider than int8 is read from
-memory. torch 2.11's own low-precision paths do not do this at so few rows: its FP8 kernels
-reach 0.2-1.2 TB/s there (decode_gemm.py's fp8 rows).
+memory. torch's own low-precision paths do not do this at so few rows: its FP8 kernels read
+far below the bandwidth there (decode_gemm.py's fp8 rows).
 
 Each program computes a block of output channels for a block of rows, walking its stretch of K
 in steps of BLOCK_K with a float32 accumulator, then multiplies by the channels' scales. The
@@ -18,19 +18,17 @@ split between programs and their float32 partial products are summed (`split_k`)
 products' weights; `joined_decoder_layer` then runs them through this kernel wherever a
 forward has at most DECODE_ROWS rows (decode steps), and through the bfloat16 weights
 otherwise (prompt chunks, which are compute-bound and where cuBLAS is the faster). It is the
-engine's `int8_weights` option, on by default for Qwen2.5-Omni on cuda: the thinker's and the
-talker's layers, and the thinker's lm_head (`add_copy`: 1.1 GB in bfloat16, read in every
-thinker step, 0.16 ms in int8 on an H200, `bench/decode_gemm.py --per-product`).
+engine's `int8_weights` option of Qwen2.5-Omni (on in the `fast` preset on cuda): the
+thinker's and the talker's layers, and the thinker's lm_head (`add_copy`: a large matrix read
+in every thinker step).
 
 A kernel without `tl.dot` for 1-4 rows (sums of elementwise products, no padding rows) was
-tried on the H200 and was never among the four fastest configurations of any product
-(2026-12-04, `2026-12-04-h200-decode-gemm-per-product.log`, code at 94de9d9); it was removed.
+tried on a GPU and was never among the fastest configurations of any product; it was removed.
 
-Exact against the dequantized product (tests, under Triton's interpreter on the CPU). On an
-H200 (2026-12-04) a 7B thinker layer's products take 2.6 ms x 28 layers at 1 row against 4.3 ms
-in bfloat16, within 1 % (relative L2) of bfloat16's products (`bench/decode_gemm.py`'s `int8
-weight-only` row); the engine with and without it: `bench/reference_gpu.py --variants
-default,bf16-weights`.
+Exact against the dequantized product (tests, under Triton's interpreter on the CPU); within
+1 % (relative L2) of bfloat16's products, and faster at decode's row counts
+(`bench/decode_gemm.py`; the engine with and without it: `python -m bench.reference steady
+--variants default,bf16-weights`; figures in bench/results/JOURNAL.md).
 """
 
 from __future__ import annotations
@@ -72,12 +70,11 @@ def dequantize(weight: Int8Weight, dtype: torch.dtype = torch.float32) -> torch.
     return (weight.values.float() * weight.scale[:, None]).to(dtype)
 
 
-# forwards with at most this many rows use the int8 weights: on an H200 a 7B thinker step of 40
-# rows took 6.9 ms through the kernel (its 64-row blocks), against 4.6 ms at 32 rows
+# forwards with at most this many rows use the int8 weights: past it the kernel's 64-row blocks
+# made a step slower than the bfloat16 weights
 DECODE_ROWS = 32
 # the launch configuration (block_n, block_k, warps, stages) up to a number of rows: among the
-# fastest at 1, 8 and 32 rows of a 7B thinker layer's products (bench/decode_gemm.py, H200,
-# 2026-12-04)
+# fastest at 1, 8 and 32 rows of a 7B thinker layer's products (bench/decode_gemm.py)
 LAUNCH_BY_ROWS = ((16, (64, 128, 4, 4)), (DECODE_ROWS, (64, 256, 4, 3)))
 
 

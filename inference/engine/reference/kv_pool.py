@@ -8,11 +8,12 @@ for its lifetime; between a session's turns the slot may stay filled as its pref
 A forward reads and writes the pool through a `BatchView`: which rows take part (`rows`, B),
 where each row's new tokens go (`write_pos`, B × n) and how many slots a prompt chunk's
 attention reads (`window`). Its tensors are static, so one CUDA graph per batch size serves
-any mix of rows and lengths. `forward` runs a Qwen2.5-Omni text model's layers itself (its
+any mix of rows and lengths. `forward` runs a text model's layers itself (its
 rotary table, each decoder layer, its final norm: what the model's own forward does once it
 has a mask) and hands each layer that layer's `LayerView`, as both its cache and its mask: a
 transformers decoder layer only calls `cache.update(keys, values, layer_idx)` and then its
-attention function with the mask it was given, and attention.py's `pool_attention` reads rows
+attention function with the mask it was given, and attention.py's `pool_attention` (which a
+runner installs for its models' configs with `use_pool_attention`) reads rows
 and positions from the view. Each layer's view carries its own pool tensors, so one compiled
 function serves every layer of a model (compiled.py): nothing in it depends on which layer.
 
@@ -30,7 +31,6 @@ import numpy as np
 import torch
 
 from .host_copy import copy_from_host, to_device
-from .joined_layers import is_joined, joined_decoder_layer
 
 SMALLEST_WINDOW = 512
 
@@ -49,9 +49,6 @@ class KVPool:
             raise ValueError("a KV pool needs at least one slot of at least one token")
         if any(kind != "full_attention" for kind in getattr(config, "layer_types", ["full_attention"])):
             raise ValueError("the KV pool supports full attention layers only")
-        from .attention import use_pool_attention
-
-        use_pool_attention(config)  # the model's layers attend through the pool from now on
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         # (row, position, head, dim): a batch's new keys are written with one index_put
         shape = (slots + 1, capacity, config.num_key_value_heads, head_dim)
@@ -130,28 +127,33 @@ class LayerView:
 
 
 def decoder_layer(layer, hidden: torch.Tensor, view: LayerView, rotary) -> torch.Tensor:
-    """One decoder layer on the pool: with its projections joined (joined_layers.py), the
-    engine's own forward of it; otherwise transformers' module."""
-    if is_joined(layer):
-        return joined_decoder_layer(layer, hidden, view, rotary)
+    """One decoder layer on the pool, as transformers' module computes it (a family whose
+    layers the engine runs itself passes its own `layer_step` to `forward`)."""
     return layer(hidden, attention_mask=view, position_embeddings=rotary, past_key_values=view,
                  use_cache=True)
 
 
 def forward(text_model, view: BatchView, embeds: torch.Tensor, positions: torch.Tensor,
-            layer_step: Callable = decoder_layer, keep_layer: int | None = None):
-    """Final hidden states (B, n, H) of a Qwen2.5-Omni text model (thinker or talker) run on
+            layer_step: Callable = decoder_layer, keep_layer: int | None = None,
+            after_layers: list[torch.Tensor] | None = None):
+    """Final hidden states (B, n, H) of a text model (a thinker or a talker) run on
     `embeds` (B, n, H) at rope `positions` (3, B, n), reading and writing the pool through
     `view` (already pointed, its window chosen); each layer runs through `layer_step` (a
     compiled `decoder_layer`, say). With `keep_layer` k it returns (final states, the states
-    after k layers): Qwen3-Omni's talker reads the thinker's at its `accept_hidden_layer`."""
+    after k layers): a talker may read the thinker's states at such a layer. `after_layers[i]`
+    (B, n, H), where given, is added to the states after layer i (Qwen3-Omni's deepstack
+    picture rows, zero elsewhere); the kept states are the layer's own output, before it, as
+    transformers records them."""
     rotary = text_model.rotary_emb(embeds, positions)
     hidden = embeds
     kept = None
+    after_layers = after_layers or []
     for index, (layer, layer_view) in enumerate(zip(text_model.layers, view.layers)):
         hidden = layer_step(layer, hidden, layer_view, rotary)
         if index + 1 == keep_layer:
             kept = hidden
+        if index < len(after_layers):
+            hidden = hidden + after_layers[index]
     out = text_model.norm(hidden)
     return out if keep_layer is None else (out, kept)
 

@@ -1,41 +1,29 @@
-"""Load a Qwen2.5-Omni checkpoint (or the tiny-random one) with transformers' own classes."""
+"""What loading a checkpoint means to the engine, whatever its family: the loaded model, the
+device and dtype an option names, and the check that a path given as a path exists. Each
+family's `load` (models/*/loading.py or family.py) reads its own checkpoints."""
 
 from __future__ import annotations
 
-import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
-
-from .chat_template import CHAT_TEMPLATE
-
-if TYPE_CHECKING:
-    from transformers import Qwen2_5OmniForConditionalGeneration, Qwen2_5OmniProcessor
-
-logger = logging.getLogger(__name__)
-
-
-class _TalkerTokenIdsFilter(logging.Filter):
-    """Qwen2.5-Omni's talker config holds thinker-vocabulary ids (text bos/eos/pad, audio and
-    vision markers); transformers' generic check compares them with the talker's 8448-code
-    vocabulary and warns about every one of them on every load. They are correct."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "must be `None` or an integer within the vocabulary" not in record.getMessage()
-
-
-logging.getLogger("transformers.configuration_utils").addFilter(_TalkerTokenIdsFilter())
 
 
 @dataclass
 class LoadedModel:
-    model: "Qwen2_5OmniForConditionalGeneration"
-    processor: "Qwen2_5OmniProcessor"
+    model: Any        # the family's transformers model (thinker, talker, audio decoder)
+    processor: Any    # its processor (tokenizer, feature extractor, chat template)
     device: torch.device
     dtype: torch.dtype
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """What the model's weights take on the device: every parameter and buffer as stored, so
+    8-bit weights count a byte each and packed 4-bit ones half a byte, with their scales and
+    zero points; a quantized module keeps no wide copy, so nothing is counted twice."""
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
 
 
 def resolve_device(device: str) -> torch.device:
@@ -58,7 +46,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return resolved
 
 
-def _checked_local_path(model: str) -> str:
+def checked_local_path(model: str) -> str:
     """A Hugging Face id ("Org/Name") passes as is; something that can only be a path must exist
     (else transformers answers with a puzzling repo-id error)."""
     looks_like_a_path = model.startswith(("/", "./", "../", "~")) or model.count("/") > 1
@@ -67,35 +55,3 @@ def _checked_local_path(model: str) -> str:
         raise FileNotFoundError(f"model directory {model} does not exist (--model takes a checkpoint "
                                 "directory, a Hugging Face id such as Qwen/Qwen2.5-Omni-7B, or tiny-random)")
     return str(path) if path.is_dir() else model
-
-
-def load_model(model: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    """`model` is "tiny-random", a local directory or a Hugging Face id; all load the same way."""
-    from transformers import Qwen2_5OmniForConditionalGeneration, Qwen2_5OmniProcessor
-
-    if model == "tiny-random":
-        from .tiny import ensure_tiny_model
-
-        path = str(ensure_tiny_model())
-    else:
-        path = _checked_local_path(model)
-        if device.type == "cpu":
-            logger.warning("loading real weights (%s) on the CPU in %s: replies will be far slower than "
-                           "real time; use a GPU (--device cuda) for conversations", model, dtype)
-    logger.info("loading %s (%s, %s) …", model, device, dtype)
-    started = time.monotonic()
-    omni = Qwen2_5OmniForConditionalGeneration.from_pretrained(path, dtype=dtype)
-    if not getattr(omni, "has_talker", False):
-        raise ValueError(f"{model} has no talker: this engine needs a checkpoint with audio output")
-    # As in Qwen2_5OmniForConditionalGeneration.generate: token2wav always runs in float32.
-    omni.token2wav.float()
-    omni.to(device).eval()
-    processor = Qwen2_5OmniProcessor.from_pretrained(path)
-    template = processor.chat_template or ""
-    if "tool_call" not in template:
-        # Qwen2.5-Omni's template has no tool section; ours renders the same multimodal
-        # turns and adds Qwen2.5's hermes-style tools.
-        logger.info("the checkpoint's chat template has no tool support; using ours")
-        processor.chat_template = CHAT_TEMPLATE
-    logger.info("loaded %s in %.1f s", model, time.monotonic() - started)
-    return LoadedModel(model=omni, processor=processor, device=device, dtype=dtype)

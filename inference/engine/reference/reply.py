@@ -24,7 +24,7 @@ import secrets
 import time
 import weakref
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -34,10 +34,9 @@ from ..base import AudioDelta, Finished, GenerationRequest, TextDelta, ToolCallD
 from ..tool_calls import ToolCallParser, new_call_id
 from .detokenize import IncrementalDecoder
 from .phases import PhaseClock
+from .models.base import TalkerFeed
 from .prompt import Prompt
 from .sampling import SamplingParams, TokenSampler
-from .models.qwen3_omni.code2wav_stream import Code2WavPlan
-from .token2wav_stream import ChunkPlan
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +57,6 @@ class GenerationSettings:
     max_audio_seconds: float = 60.0
     min_audio_seconds: float = 0.0
     max_tool_argument_tokens: int = 256
-    chunk_plan: ChunkPlan = field(default_factory=ChunkPlan)          # Qwen2.5-Omni's token2wav
-    code2wav_plan: Code2WavPlan = field(default_factory=Code2WavPlan)  # Qwen3-Omni's code2wav
     seed: int | None = None
     talker_sampling: SamplingParams = SamplingParams()
 
@@ -72,6 +69,7 @@ class PreparedPrompt:
     thinker_rope_delta: int
     talker_positions: torch.Tensor | None  # (3, 1, L + 2): prompt, speaker bos, first reply
     talker_rope_delta: int
+    talker_feed: TalkerFeed           # what the talker reads, and when (the family's)
     forced_tools: list[dict] | None   # a call must be made to one of these (tool_choice)
     forced_prefix: str                # teacher-forced start of that call, in the prompt
     max_new_tokens: int
@@ -140,7 +138,7 @@ class Reply:
     def __init__(self, request: GenerationRequest, prepared: PreparedPrompt, *, voice: str,
                  settings: GenerationSettings, tokenizer, thinker_sampling: SamplingParams,
                  stop_ids: set[int], tool_open_id: int | None, grammar, talker_end_codes: set[int],
-                 codes_per_second: float, audio_stream: Callable, talker_reads_chosen: bool,
+                 codes_per_second: float, audio_stream: Callable,
                  device: torch.device, emit: Callable[[object], None], arrived: float) -> None:
         self.request = request
         self.prepared = prepared
@@ -197,7 +195,6 @@ class Reply:
             self.audio = audio_stream(voice, noise_generator, self.clock)
         # Qwen3-Omni's talker reads only a token's embedding, so its stream grows as tokens are
         # chosen; Qwen2.5-Omni's reads what the thinker made of a token, once it is fed
-        self.talker_reads_chosen = talker_reads_chosen
 
     # ----------------------------------------------------------------- state the scheduler reads
 
@@ -288,7 +285,7 @@ class Reply:
         it with the step's other ids)."""
         self.prefilled = end
         if self.talker is not None:
-            self.talker_prefilled = self.prompt.talker_tokens_before(end)
+            self.talker_prefilled = self.prepared.talker_feed.tokens_before(end)
         if end < self.prompt.length:
             return
         self.clock.mark("prefilled")
@@ -305,7 +302,8 @@ class Reply:
         self.pending_token = None
         self.fed.append(token)
         talker = self.talker
-        if talker is not None and talker.open and not talker.finished and not self.talker_reads_chosen:
+        if (talker is not None and talker.open and not talker.finished
+                and not self.prepared.talker_feed.reads_chosen):
             talker.stream.append(StreamElement(token, state))
         if self.history is not None:
             self.history = torch.cat([self.history, torch.tensor([[token]], device=self.device)], 1)
@@ -361,6 +359,7 @@ class Reply:
         self.emit(Finished(
             reason="tool_calls" if self.tool_calls else self.reason,
             input_tokens=self.prompt.length - envelope, input_audio_tokens=self.prompt.audio_tokens,
+            input_image_tokens=self.prompt.image_tokens,
             output_text_tokens=output_tokens,
             output_audio_tokens=self.talker.codes if self.talker else 0, timings=dict(t)))
 
@@ -394,7 +393,7 @@ class Reply:
         else:
             self.pending_token = token
             talker = self.talker
-            if self.talker_reads_chosen and talker is not None and talker.open:
+            if self.prepared.talker_feed.reads_chosen and talker is not None and talker.open:
                 # every token that will be fed, as soon as it is chosen (the last one, never
                 # fed, is not spoken: generate() builds the talker's text from the fed ones)
                 talker.stream.append(StreamElement(token))

@@ -40,11 +40,6 @@ class SamplingParams:
         )
 
 
-# What Qwen2_5OmniForConditionalGeneration.generate passes to the talker by default.
-TALKER_SAMPLING = SamplingParams(
-    do_sample=True, temperature=0.9, top_k=40, top_p=0.8, repetition_penalty=1.05)
-
-
 class SuppressTokens:
     """`SuppressTokensLogitsProcessor`: the listed tokens' scores become -inf."""
 
@@ -112,12 +107,17 @@ class TokenSampler:
         return (torch.softmax(scores, dim=-1) / noise).argmax(dim=-1, keepdim=True)
 
 
+# talker steps whose sampling noise a slot draws at once (NoiseBank): a batch of 32 then draws
+# twice a step on average instead of 32 times
+NOISE_STEPS = 16
+
+
 class NoiseBank:
     """Each KV slot's sampling noise for its next `steps` decode steps, drawn at once from its
     reply's generator, so a batched step gathers every row's noise in one op. Drawn a row a
     step instead, a batch of B replies launches B draws every step: at 32 replies they were the
-    largest share of a step's eager ops (bench/loop_ops.py), and on an H200 launching a decode
-    step is 3-4 ms of host time at 32 calls, on the step's critical path. A
+    largest share of a step's eager ops (bench/loop_ops.py), and launching a decode step is
+    host time on the step's critical path. A
     reply's draws still come from its own generator in its own order, so it samples the same
     codes alone or in any batch; `restart` when a reply takes the slot, so it never reads
     what the previous one left."""

@@ -235,11 +235,11 @@ class Scheduler:
         (with Qwen2.5-Omni's lockstep talker: the same token)."""
         if prefix is None:
             return 0, 0
-        prompt = reply.prompt
+        prompt, feed = reply.prompt, reply.prepared.talker_feed
         shared = min(common_prefix(prefix.thinker_keys, prompt.keys), prompt.length - 1)
-        talker = min(prompt.talker_tokens_before(shared), prefix.talker_tokens)
+        talker = min(feed.tokens_before(shared), prefix.talker_tokens)
         if reply.needs_talker_prefill:
-            shared = min(shared, prompt.talker_source(talker))
+            shared = min(shared, feed.source(talker))
         return shared, talker
 
     @staticmethod

@@ -19,7 +19,7 @@ import json
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import numpy as np
 import soxr
@@ -29,10 +29,12 @@ from ..base import (
     TextDelta, ToolCallDelta, UserAudio, UserText,
 )
 from ..exceptions import EngineError
+from ..image_spec import narrowed, pixel_bounds
 from . import outputs, presets
 from . import prompt as prompts
 from .compat import NEWEST, Api
 from ..tool_calls import ToolCallParser
+from ..prepare import run_prepare
 from ..truncation import fit_context
 
 logger = logging.getLogger(__name__)
@@ -69,7 +71,15 @@ class VllmOmniEngine(OmniEngine):
     Truncation: the prompt is counted as vLLM will see it (prompt.py's `length`) and the
     oldest conversation items are left out as the request's truncation allows, until it
     fits the thinker's `max_model_len` with room for the reply and holds at most the thinker
-    stage's `limit_mm_per_prompt` audio clips.
+    stage's `limit_mm_per_prompt` audio clips and pictures.
+
+    Pictures: read when the thinker's `limit_mm_per_prompt` allows images (from the
+    overrides or the deploy config; unset is vLLM's default, which does), and then at most
+    that many in one prompt (`max_images_per_prompt`). `image_spec` comes from the model's
+    image processor in `start()` (narrowed by the thinker's `mm_processor_kwargs` pixel
+    bounds, which vLLM's processor applies too); before that it is the interface's default.
+    The gateway reads it only for a session, and the worker opens none before `start()` has
+    returned (/v1/realtime answers 503 while loading), so sessions always see the model's.
     """
 
     name = "vllm-omni"
@@ -84,7 +94,12 @@ class VllmOmniEngine(OmniEngine):
         self._omni_kwargs = _async_omni_kwargs(deploy_config, overrides, async_chunk, max_model_len)
         thinker = overrides.get(presets.THINKER, {})
         self.context_tokens = int(thinker.get("max_model_len") or MODEL_CONTEXT_TOKENS)
-        self.max_audio_clips: int | None = (thinker.get("limit_mm_per_prompt") or {}).get("audio")
+        self.max_audio_clips = presets.mm_limit(overrides, deploy_config, "audio")
+        images = presets.mm_limit(overrides, deploy_config, "image")
+        self.reads_images = images is None or images > 0  # off at 0, as vLLM reads it
+        self.max_images_per_prompt = images
+        self._mm_processor_kwargs = presets.stage_setting(overrides, deploy_config, presets.THINKER,
+                                                          "mm_processor_kwargs") or {}
         self._stage_sampling = _stage_dict(stage_sampling, "stage_sampling")
         self._warmup = warmup
         self._api: Api | None = None
@@ -110,6 +125,8 @@ class VllmOmniEngine(OmniEngine):
         began = time.perf_counter()
         logger.info("vllm-omni: loading the chat template and processor of %s", self.model)
         self._prompts = prompts.PromptBuilder(await asyncio.to_thread(prompts.load_processor, self.model))
+        if self.reads_images:
+            self._read_image_spec()
         if self._prompts.is_qwen2_5_omni and presets.code2wav_batch(
                 self._omni_kwargs.get("stage_overrides", {}), self._omni_kwargs.get("deploy_config")) > 1:
             raise ValueError("Qwen2.5-Omni's code2wav (stage 2) must run one reply at a time (max_num_seqs: 1): "
@@ -126,6 +143,20 @@ class VllmOmniEngine(OmniEngine):
         if self._warmup:
             await self._warm_up()
         logger.info("vllm-omni: ready after %.1f s", time.perf_counter() - began)
+
+    def _read_image_spec(self) -> None:
+        """`image_spec` from the loaded processor, within the pixel bounds the thinker's
+        `mm_processor_kwargs` give vLLM's own processor."""
+        spec = self._prompts.image_spec()
+        if spec is None:
+            logger.warning("vllm-omni: %s's processor has no image processor or image token; pictures are off",
+                           self.model)
+            self.reads_images = False
+            return
+        self.image_spec = narrowed(spec, *pixel_bounds(self._mm_processor_kwargs))
+        logger.info("vllm-omni: pictures on (limit_mm_per_prompt image: %s), read as %s",
+                    "vLLM's default" if self.max_images_per_prompt is None else self.max_images_per_prompt,
+                    self.image_spec)
 
     def _check_stage_sampling(self) -> None:
         defaults = self._omni.default_sampling_params_list
@@ -158,19 +189,21 @@ class VllmOmniEngine(OmniEngine):
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         if self._omni is None or self._prompts is None:
             raise EngineError("the vllm-omni engine is not started")
+        # with pictures off (limit_mm_per_prompt image 0): refused, never left out
+        self.refuse_unread_media(request)
         began = time.perf_counter()
         speak = "audio" in request.modalities
-        prompt, truncated = await asyncio.to_thread(self._fit_prompt, request)
+        prompt, truncated = await run_prepare(request, self._fit_prompt, request)
         if truncated is not None:
             yield truncated
-        read: PromptRead | None = await asyncio.to_thread(self._prompt_read, prompt)  # with the first delta
+        read: PromptRead | None = self._prompt_read(prompt)  # with the first delta
         stream = self._omni.generate(
             prompt=prompt,
             request_id=request.request_id,
             sampling_params_list=self._sampling_params(request),
             output_modalities=["text", "audio"] if speak else ["text"],
         )
-        reply = _Reply(began, self._prompts.audio_token_id,
+        reply = _Reply(began, self._prompts.audio_token_id, self._prompts.image_token_id,
                        ToolCallParser() if prompts.offered_tools(request) else None)
         completed = False
         try:
@@ -201,9 +234,10 @@ class VllmOmniEngine(OmniEngine):
         for delta in reply.finish():
             yield delta
 
-    def _fit_prompt(self, request: GenerationRequest) -> tuple[dict[str, Any], ContextTruncated | None]:
-        """The prompt, its context cut as the request's truncation allows (CPU work: off the
-        event loop)."""
+    def _fit_prompt(self, request: GenerationRequest,
+                    cancelled: Callable[[], bool] | None = None) -> tuple[dict[str, Any], ContextTruncated | None]:
+        """The prompt, its context cut as the request's truncation allows (CPU work: on the
+        prepare pool, stopped between renders once `cancelled()`)."""
         prompts: dict[int, dict[str, Any]] = {}
 
         def prompt_from(start: int) -> dict[str, Any]:
@@ -218,19 +252,25 @@ class VllmOmniEngine(OmniEngine):
         reply = self._reply_budget(request)
         start = fit_context(request.context, request.truncation, room=max(self.context_tokens - reply, 0),
                             measure=lambda at: self._prompts.length(prompt_from(at)),
-                            max_audio_clips=self.max_audio_clips)
+                            max_audio_clips=self.max_audio_clips, cancelled=cancelled,
+                            max_images=self.max_images_per_prompt)
         if not start:
             return prompt_from(0), None
+        # counted from the longest prompt rendered: a context too long to render whole (the
+        # per-render cost limit, truncation.py) is not rendered only to count what it dropped
+        longest = min(prompts)
         return prompt_from(start), ContextTruncated(
             first_item_id=request.context[start].item_id,
             dropped_items=len({item.item_id for item in request.context[:start]}),
-            dropped_tokens=self._prompts.length(prompt_from(0)) - self._prompts.length(prompt_from(start)))
+            dropped_tokens=self._prompts.length(prompt_from(longest)) - self._prompts.length(prompt_from(start)))
 
     def _prompt_read(self, prompt: dict[str, Any]) -> PromptRead:
-        """What the thinker reads of `prompt` (CPU work: off the event loop)."""
-        clips = (prompt.get("multi_modal_data") or {}).get("audio", [])
+        """What the thinker reads of `prompt` (its ids are counted, not tokenized again)."""
+        media = prompt.get("multi_modal_data") or {}
+        clips, pictures = media.get("audio", []), media.get("image", [])
         return PromptRead(input_tokens=self._prompts.length(prompt),
-                          input_audio_tokens=sum(self._prompts.audio_tokens(len(clip)) for clip, _ in clips))
+                          input_audio_tokens=sum(self._prompts.audio_tokens(len(clip)) for clip, _ in clips),
+                          input_image_tokens=sum(self._prompts.image_tokens(picture) for picture in pictures))
 
     def _reply_budget(self, request: GenerationRequest) -> int:
         """The thinker tokens a reply may take: the request's cap, at most the stage's own."""
@@ -269,9 +309,11 @@ class VllmOmniEngine(OmniEngine):
 class _Reply:
     """What one generation has produced so far, and the deltas that come from it."""
 
-    def __init__(self, began: float, audio_token_id: int | None, splitter: ToolCallParser | None) -> None:
+    def __init__(self, began: float, audio_token_id: int | None, image_token_id: int | None,
+                 splitter: ToolCallParser | None) -> None:
         self._began = began
         self._audio_token_id = audio_token_id
+        self._image_token_id = image_token_id
         self._splitter = splitter
         self._resampler: Any = None
         self.tool_calls = 0
@@ -349,14 +391,19 @@ class _Reply:
             timings["first_text_s"] = self._first_text_s
         if self._first_audio_s is not None:
             timings["first_audio_s"] = self._first_audio_s
+        cached = self._prompt_token_ids[:self._cached_tokens]
+
+        def count(ids: list[int], token_id: int | None) -> int:  # vLLM's ids hold one per audio/image token
+            return ids.count(token_id) if token_id is not None else 0
+
         deltas.append(Finished(
             reason="tool_calls" if self.tool_calls else ("length" if self._finish_reason == "length" else "stop"),
             input_tokens=len(self._prompt_token_ids),
             cached_tokens=self._cached_tokens,
-            cached_audio_tokens=(self._prompt_token_ids[:self._cached_tokens].count(self._audio_token_id)
-                                 if self._audio_token_id is not None else 0),
-            input_audio_tokens=(self._prompt_token_ids.count(self._audio_token_id)
-                                if self._audio_token_id is not None else 0),
+            cached_audio_tokens=count(cached, self._audio_token_id),
+            input_audio_tokens=count(self._prompt_token_ids, self._audio_token_id),
+            cached_image_tokens=count(cached, self._image_token_id),
+            input_image_tokens=count(self._prompt_token_ids, self._image_token_id),
             output_text_tokens=self._text_tokens,
             output_audio_tokens=self._talker_tokens,
             timings=timings,

@@ -2,15 +2,21 @@
 
 A preset is a set of per-stage settings laid over the model's stock vllm-omni deploy config,
 in the form vllm-omni's `--stage-overrides` takes. The user's own `stage_overrides` go over
-the preset, so a preset is a starting point, never a cage.
+the preset, so a preset is a starting point, never a cage: key by key, and inside a setting
+that is a dict (`limit_mm_per_prompt`, `mm_processor_kwargs`) key by key too, so
+`{"0": {"limit_mm_per_prompt": {"image": 2}}}` turns pictures on and keeps the preset's
+audio and video limits.
 
 `one-gpu-voice` (Qwen2.5-Omni-7B, thinker → talker → code2wav): everything on GPU 0, which
 nothing else uses. The stock config puts the talker on GPU 1 and runs one reply at a time
 (`max_num_seqs: 1`); a voice agent needs several sessions at once. Memory shares are of the
 whole GPU and were run on an H200 (141 GiB): thinker 45 % (15 GiB of weights, the rest KV
 cache), talker 25 %, code2wav 10 %, 20 % left for CUDA contexts and activations. Image and
-video inputs are off: a voice agent sends none, and with them on the thinker spends minutes
-at start-up profiling four video items. The thinker takes at most 8192 tokens a step, a whole
+video inputs are off: with video on the thinker spends minutes at start-up profiling video
+items, and with pictures on vLLM profiles its vision encoder at start for the largest picture
+the processor allows, a cost nobody has measured on the GPU yet. Pictures are the agent's
+camera or screen (docs/vision.md), off by default there too; `stage_overrides` turns them on
+(docs/vllm-omni.md, "Pictures"). The thinker takes at most 8192 tokens a step, a whole
 `max_model_len`: the stock 32,768 also sizes its audio encoder cache, which start-up profiles
 with as many 30 s clips as fit (43; 10 at 8192). On the H200 that profiling took 104 s at 8192
 against 93-133 s at 32,768 on other machines of the kind: most of it is not the clips.
@@ -57,8 +63,45 @@ def stage_overrides(preset: str | None, dummy_weights: bool,
     merged: dict[str, dict[str, Any]] = {}
     for layer in layers:
         for stage, settings in layer.items():
-            merged.setdefault(str(stage), {}).update(copy.deepcopy(settings))
+            _merge(merged.setdefault(str(stage), {}), settings)
     return merged
+
+
+def _merge(into: dict[str, Any], layer: dict[str, Any]) -> None:
+    """`layer` over `into`, key by key, and into dicts on both sides key by key too."""
+    for key, value in layer.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
+
+
+def stage_setting(overrides: dict[str, dict[str, Any]], deploy_config: str | None, stage: str, key: str) -> Any:
+    """A stage's engine setting as vllm-omni will start it: the overrides', else the deploy
+    config's (a stage's own key or under its `engine_args`), else None (the stock config's or
+    vLLM's default)."""
+    if key in overrides.get(stage, {}):
+        return overrides[stage][key]
+    if deploy_config is not None and Path(deploy_config).is_file():  # else vllm-omni says it is missing
+        import yaml  # vllm-omni's own dependency: present wherever this engine can start
+
+        for entry in (yaml.safe_load(Path(deploy_config).read_text()) or {}).get("stages", []):
+            if str(entry.get("stage_id")) == stage:
+                if key in entry:
+                    return entry[key]
+                return (entry.get("engine_args") or {}).get(key)
+    return None
+
+
+def mm_limit(overrides: dict[str, dict[str, Any]], deploy_config: str | None, modality: str) -> int | None:
+    """How many items of `modality` ("audio", "image") one thinker prompt may hold, from its
+    `limit_mm_per_prompt` (a count, or vLLM's `{"count": N, ...}`); None: not set, so vLLM's
+    default (999 a prompt in the vLLM source read for this: pictures on)."""
+    limits = stage_setting(overrides, deploy_config, THINKER, "limit_mm_per_prompt") or {}
+    limit = limits.get(modality)
+    if isinstance(limit, dict):
+        limit = limit.get("count")
+    return None if limit is None else int(limit)
 
 
 def code2wav_batch(overrides: dict[str, dict[str, Any]], deploy_config: str | None) -> int:
@@ -70,13 +113,5 @@ def code2wav_batch(overrides: dict[str, dict[str, Any]], deploy_config: str | No
     With more than one at a time each caller hears the others' speech too (seen on the H200,
     2026-12-01: at 4 sessions every reply held 8 s of audio for its own 4 s).
     """
-    if "max_num_seqs" in overrides.get(CODE2WAV, {}):
-        return int(overrides[CODE2WAV]["max_num_seqs"])
-    if deploy_config is not None and Path(deploy_config).is_file():  # else vllm-omni says it is missing
-        import yaml  # vllm-omni's own dependency: present wherever this engine can start
-
-        stages = (yaml.safe_load(Path(deploy_config).read_text()) or {}).get("stages", [])
-        for stage in stages:
-            if str(stage.get("stage_id")) == CODE2WAV and "max_num_seqs" in stage:
-                return int(stage["max_num_seqs"])
-    return 1
+    batch = stage_setting(overrides, deploy_config, CODE2WAV, "max_num_seqs")
+    return 1 if batch is None else int(batch)

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from ...cuda_graphs import CapturedStep, batch_buckets, bucket_for, own_stream
-from ...token2wav_runner import PendingWaves
+from ...pending_audio import PendingWaves
+from ..base import ProfiledStep
 from .code2wav_stream import Code2WavPlan
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,11 @@ class Code2WavRunner:
     @property
     def graphed(self) -> list[tuple[int, int]]:
         return sorted(self._graphs)
+
+    def profiled_steps(self) -> dict[str, dict[str, ProfiledStep]]:
+        """Its graphs by "frames/batch", for a runner's `profiled_steps`."""
+        return {"code2wav": {f"{frames}/{batch}": ProfiledStep(decoder.step.replay)
+                             for (frames, batch), decoder in sorted(self._graphs.items())}}
 
     def side_stream(self):
         if self.stream is None:

@@ -3,16 +3,17 @@
 Qwen3-Omni's code2wav is causal end to end (causal convolutions, causal transposed
 convolutions, sliding-window causal attention), so the audio of frames [s, e) depends only
 on frames before e, plus one frame after e: each causal transposed convolution drops its last
-`kernel - stride` samples, which the next frame would complete (about 23 ms at the
-published shapes, less than one 80 ms frame). A chunk is therefore decoded from
+`kernel - stride` samples, which the next frame would complete (fewer than one frame makes
+at the published shapes, so one frame of look-ahead is enough). A chunk is decoded from
 
     frames [s - left_context, e + lookahead)      (lookahead: 1 frame; none for the last)
 
 and only the samples of frames [s, e) are emitted. With a left context as long as the
 reply (`left_context_frames` large) the chunks are exactly the offline decode, cut at frame
 boundaries; a shorter one (default 25 frames, 2 s, as vllm-omni's streaming uses) is an
-approximation, measured in docs/reference-engine.md. The first chunk is small (the listener
-waits for it), later ones grow (`ramp`), as in token2wav_stream.py's plan.
+approximation whose effect on real voices is not measured yet (docs/reference-engine.md).
+The first chunk is small (the listener waits for it), later ones grow (`ramp`), as in
+token2wav_stream.py's plan.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ them apart), over Qwen3-Omni's modules from transformers.
 
 What one reply's talker reads, as `Qwen3OmniMoeForConditionalGeneration.generate` builds it:
 
-- its prompt part: the user turns of the prompt only (`talker_sources`), each token as
+- its prompt part: the user turns of the prompt only (its `TalkerFeed`), each token as
   `hidden_projection` of the thinker's states after `accept_hidden_layer` layers where it is
   audio, else `text_projection` of its embedding; prefilled chunk by chunk beside the
   thinker's prompt chunks (a chunk's user tokens go in with it);
@@ -30,19 +30,23 @@ from __future__ import annotations
 import logging
 import time
 
-import numpy as np
 import torch
 
-from ...compiled import compile_step, predictor_layer, talker_layer
+from ...attention import use_pool_attention
+from ...compiled import compile_step
 from ...cuda_graphs import CapturedStep, batch_buckets, bucket_for, capture_each
+from ...device_runner import DeviceRunner
+from ...encoder_cache import EncoderCache
 from ...host_copy import copy_from_host, to_device
 from ...kv_pool import BatchView, KVPool, forward
-from ...prompt import Clip, audio_features
-from ...runner import (NOISE_STEPS, PREFILL_BUCKETS, AudioEncoderCache, DeviceRunner, ThinkerStep,
-                       _ChunkForward, _ThinkerDecode, rope_positions)
-from ...sampling import NoiseBank, SamplingParams, TokenSampler
+from ...prompt import Clip, Picture, Video, audio_features
+from ...sampling import NOISE_STEPS, NoiseBank, SamplingParams, TokenSampler
+from ...text_steps import PREFILL_BUCKETS, ChunkForward, ThinkerDecode, ThinkerStep, rope_positions
+from ..base import ProfiledStep
 from .code2wav_runner import Code2WavRunner
 from .code2wav_stream import Code2WavPlan
+from .layers import predictor_layer, talker_layer, thinker_layer
+from .vision import encode_picture, encode_video, split_features
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +63,7 @@ class Qwen3Runner(DeviceRunner):
                  talker_capacity: int, talker_sampling: SamplingParams, device: torch.device,
                  cuda_graphs: bool, encoder_cache_bytes: int, prefill_chunk_tokens: int,
                  talker_stream: bool = False, compile: bool = False,
-                 code2wav_plan: Code2WavPlan = Code2WavPlan(), **_token2wav_options) -> None:
+                 code2wav_plan: Code2WavPlan) -> None:
         started = time.monotonic()
         self.model = model
         self.thinker = model.thinker
@@ -70,14 +74,18 @@ class Qwen3Runner(DeviceRunner):
         config = model.config
         talker_config = self.talker.config
         self.codes_per_frame = talker_config.num_code_groups
+        self.talker_start_rows = START_ROWS
         self.accept_layer = talker_config.accept_hidden_layer
         self.audio_id = self.thinker.config.audio_token_id
+        self.image_id = self.thinker.config.image_token_id
+        self.video_id = self.thinker.config.video_token_id
         text_config = self.thinker.config.text_config
         talker_text = talker_config.text_config
         if device.type == "cuda":  # routing on the device: capturable, no per-expert loop
             text_config._experts_implementation = "grouped_mm"
             talker_text._experts_implementation = "grouped_mm"
         dtype = self.thinker.lm_head.weight.dtype
+        use_pool_attention(text_config, talker_text)  # their layers attend through the pools
         self.thinker_pool = KVPool(text_config, slots, thinker_capacity, device, dtype)
         self.talker_pool = KVPool(talker_text, slots, talker_capacity, device,
                                   self.talker.codec_head.weight.dtype)
@@ -107,17 +115,19 @@ class Qwen3Runner(DeviceRunner):
         self.codec_pad_bos = codec(torch.tensor([[talker_config.codec_pad_id,
                                                   talker_config.codec_bos_id]], device=device))
         self.feature_extractor = processor.feature_extractor
-        self.encoder_cache = AudioEncoderCache(self._encode_clip, encoder_cache_bytes)
+        self.image_processor = processor.image_processor
+        self.video_processor = processor.video_processor
+        self.encoder_cache = EncoderCache(self._encode, encoder_cache_bytes)
         self.buckets = batch_buckets(slots)
-        self.thinker_decode = _ThinkerDecode(self, cuda_graphs, compile)
+        self.thinker_decode = ThinkerDecode(self, thinker_layer, cuda_graphs, compile)
         buckets = [size for size in PREFILL_BUCKETS if size < prefill_chunk_tokens] + [prefill_chunk_tokens]
-        self.thinker_chunk = _ChunkForward(self, self.thinker.model, self.thinker_pool,
-                                           text_config.hidden_size, dtype, buckets, cuda_graphs,
-                                           keep_layer=self.accept_layer)
+        self.thinker_chunk = ChunkForward(self, self.thinker.model, self.thinker_pool,
+                                          text_config.hidden_size, dtype, buckets, cuda_graphs,
+                                          keep_layer=self.accept_layer)
         # the talker's chunks: its prompt part (a chunk's user tokens) and its 9 start rows
-        self.talker_chunk = _ChunkForward(self, self.talker.model, self.talker_pool,
-                                          talker_text.hidden_size, self.talker.codec_head.weight.dtype,
-                                          [START_ROWS] + buckets, cuda_graphs)
+        self.talker_chunk = ChunkForward(self, self.talker.model, self.talker_pool,
+                                         talker_text.hidden_size, self.talker.codec_head.weight.dtype,
+                                         [START_ROWS] + buckets, cuda_graphs)
         self.frame_decode = _FrameDecode(self, cuda_graphs, compile)
         self.code2wav = Code2WavRunner(model.code2wav, code2wav_plan, device, cuda_graphs, slots)
         logger.info("Qwen3-Omni runner: %d KV slots (thinker %d tokens, talker %d), %d codes a "
@@ -126,11 +136,62 @@ class Qwen3Runner(DeviceRunner):
                     "on" if cuda_graphs else "off", "yes" if compile else "no",
                     time.monotonic() - started)
 
+    @property
+    def audio_decoder(self) -> Code2WavRunner:
+        return self.code2wav
+
     def release(self) -> None:
         self.thinker_pool = self.talker_pool = self.talker_history = None
         self.thinker_decode = self.frame_decode = self.code2wav = None
         self.thinker_chunk = self.talker_chunk = None
         self.encoder_cache.clear()
+
+    def profiled_steps(self) -> dict[str, dict[str, ProfiledStep]]:
+        """The steps a profile times (ModelRunner.profiled_steps): the captured thinker and
+        frame steps by batch bucket, the code predictor alone per bucket (captured here),
+        code2wav's windows; and "eager", the parts on the way to the first audio that run
+        eagerly: the audio encoder on 3 s, a 64-token prompt chunk, the talker's start rows,
+        the code predictor for one reply."""
+        frame, device = self.frame_decode, self.device
+        steps: dict[str, dict[str, ProfiledStep]] = {"thinker": {}, "frame": {}, "code_predictor": {}}
+        for (batch,), graph in sorted(self.thinker_decode.graphs.items()):
+            view = self.thinker_decode.inputs[batch][2]
+            steps["thinker"][str(batch)] = ProfiledStep(graph.replay, lambda view=view: view.point([], []))
+        talker_width = self.talker.config.text_config.hidden_size
+        dtype = self.thinker.lm_head.weight.dtype
+        for (batch,), graph in sorted(frame.graphs.items()):
+            inputs = frame.inputs[batch]
+            steps["frame"][str(batch)] = ProfiledStep(graph.replay, lambda view=inputs.view: view.point([], []))
+            hidden = torch.zeros((batch, 1, talker_width), dtype=self.talker.codec_head.weight.dtype,
+                                 device=device)
+            first = torch.zeros((batch,), dtype=torch.long, device=device)
+            predictor = CapturedStep(lambda hidden=hidden, first=first, noise=inputs.predictor_noise:
+                                     frame._residuals(hidden, first, noise), self.capture_stream)
+            steps["code_predictor"][str(batch)] = ProfiledStep(predictor.replay)
+        steps.update(self.code2wav.profiled_steps())
+
+        samples = torch.randn(48_000, generator=torch.Generator().manual_seed(0)).numpy() * 0.05
+        clip = Clip(key=1, samples=samples, frames=300, tokens=39)
+        embeds = torch.zeros((1, 64, self.thinker.config.text_config.hidden_size), dtype=dtype, device=device)
+        positions = torch.arange(64, device=device).view(1, 1, 64).expand(3, 1, 64)
+        view = BatchView(self.thinker_pool, 1, 64)
+        rows = torch.zeros((1, START_ROWS, talker_width), dtype=dtype, device=device)
+        talker_view = BatchView(self.talker_pool, 1, START_ROWS)
+        talker_positions = torch.arange(START_ROWS, device=device).view(1, 1, -1).expand(3, 1, START_ROWS)
+        one = torch.zeros((1, 1, talker_width), dtype=dtype, device=device)
+        zero = torch.zeros((1,), dtype=torch.long, device=device)
+        steps["eager"] = {
+            "audio_encoder_3s": ProfiledStep(lambda: self._encode_clip(clip)),
+            "thinker_chunk_64": ProfiledStep(
+                lambda: forward(self.thinker.model, view, embeds, positions, keep_layer=self.accept_layer),
+                lambda: view.point([], [])),
+            f"talker_start_{START_ROWS}_rows": ProfiledStep(
+                lambda: forward(self.talker.model, talker_view, rows, talker_positions),
+                lambda: talker_view.point([], [])),
+            "code_predictor_1": ProfiledStep(
+                lambda: frame._residuals(one, zero, frame.inputs[1].predictor_noise)),
+        }
+        return steps
 
     # ----------------------------------------------------------------- prefill
 
@@ -139,23 +200,36 @@ class Qwen3Runner(DeviceRunner):
         talker's prompt tokens that come from them into its talker slot."""
         prompt, prepared = reply.prompt, reply.prepared
         ids = prompt.input_ids[:, start:end]
-        embeds = self.thinker.get_input_embeddings()(to_device(ids, self.device))
-        audio = ids[0] == self.audio_id
-        where = audio.nonzero().squeeze(1)
-        if where.numel():
-            first_row = int((prompt.input_ids[0, :start] == self.audio_id).sum())
-            rows = self.encoder_cache.rows(prompt.clips, first_row, where.numel()).to(embeds.dtype)
-            embeds = embeds.index_copy(1, to_device(where, self.device), rows[None])
+        text_embeds = self.thinker.get_input_embeddings()(to_device(ids, self.device))
+        embeds, deepstack = text_embeds, None
+        for token_id, media in ((self.audio_id, prompt.clips), (self.image_id, prompt.pictures),
+                                (self.video_id, prompt.videos)):
+            where = (ids[0] == token_id).nonzero().squeeze(1)
+            if not where.numel():
+                continue
+            first_row = int((prompt.input_ids[0, :start] == token_id).sum())
+            rows = self.encoder_cache.rows(media, first_row, where.numel()).to(embeds.dtype)
+            where = to_device(where, self.device)
+            if token_id != self.audio_id:  # pictures' and videos' deepstack rows, at their tokens
+                rows, layers = split_features(rows, embeds.shape[-1])
+                if deepstack is None:
+                    deepstack = [torch.zeros_like(embeds) for _ in layers]
+                deepstack = [done.index_copy(1, where, layer[None]) for done, layer in zip(deepstack, layers)]
+            embeds = embeds.index_copy(1, where, rows[None])
         hidden, kept = self.thinker_chunk(reply.slot, embeds, prepared.thinker_positions[:, :, start:end],
-                                          start)
+                                          start, after_layers=deepstack)
         logits = self.thinker.lm_head(hidden[:, -1]) if end == prompt.length else None
         if reply.talker is not None:
-            first, last = prompt.talker_tokens_before(start), prompt.talker_tokens_before(end)
+            feed = prepared.talker_feed
+            first, last = feed.tokens_before(start), feed.tokens_before(end)
             if last > first:
-                picked = to_device(prompt.talker_sources[first:last] - start, self.device)
-                is_audio = to_device(audio, self.device)[picked][None, :, None]
-                inputs = torch.where(is_audio, self.talker.hidden_projection(kept[:, picked]),
-                                     self.talker.text_projection(embeds[:, picked]))
+                # audio, picture and video tokens: the thinker's states at the talker's layer; the
+                # others: their text embedding (generate()'s multimodal mask)
+                media = (ids[0] == self.audio_id) | (ids[0] == self.image_id) | (ids[0] == self.video_id)
+                picked = to_device(feed.sources[first:last] - start, self.device)
+                is_media = to_device(media, self.device)[picked][None, :, None]
+                inputs = torch.where(is_media, self.talker.hidden_projection(kept[:, picked]),
+                                     self.talker.text_projection(text_embeds[:, picked]))
                 self._talker_chunk(reply, inputs, first)
         return logits
 
@@ -169,10 +243,7 @@ class Qwen3Runner(DeviceRunner):
     # ----------------------------------------------------------------- decode
 
     def thinker_step(self, replies) -> ThinkerStep:
-        return self.thinker_decode(
-            [r.slot for r in replies], [r.pending_token for r in replies],
-            [r.prompt.length + len(r.fed) for r in replies],
-            [r.prepared.thinker_rope_delta for r in replies])
+        return self.thinker_decode.step(replies)
 
     def talker_start(self, reply) -> torch.Tensor:
         """The talker's 9 start rows after its prompt part; returns the first frame (1, G)."""
@@ -186,9 +257,7 @@ class Qwen3Runner(DeviceRunner):
         rows = torch.cat([text[:, :3], self.tts_pad.expand(1, 4, -1) + codec,
                           self.tts_bos + self.codec_pad_bos[:, :1],
                           text[:, 3:] + self.codec_pad_bos[:, 1:]], dim=1)
-        start = prompt.talker_length
-        hidden = self._talker_chunk(reply, rows, start)
-        talker.length = start + rows.shape[1]
+        hidden = self._talker_chunk(reply, rows, reply.prepared.talker_feed.length)
         self.talker_history[reply.slot].fill_(self.history_fill)
         return self.frame_decode.first_frame(reply, hidden[:, -1:])
 
@@ -202,6 +271,15 @@ class Qwen3Runner(DeviceRunner):
             return self.code2wav.decode(windows)
 
     # ----------------------------------------------------------------- audio encoder
+
+    def _encode(self, item: Clip | Picture | Video) -> torch.Tensor:
+        """What the thinker reads at one clip's (picture's, video's) tokens: (tokens, H) for a
+        clip, (tokens, (1 + deepstack) × H) for a picture or a video's frames (vision.py)."""
+        if isinstance(item, Video):
+            return encode_video(self.thinker, self.video_processor, item, self.device)
+        if isinstance(item, Picture):
+            return encode_picture(self.thinker, self.image_processor, item, self.device)
+        return self._encode_clip(item)
 
     def _encode_clip(self, clip: Clip) -> torch.Tensor:
         features, mask = audio_features(self.feature_extractor, [clip.samples])

@@ -1,6 +1,6 @@
 """`tiny-random-qwen3-omni`: a small Qwen3-Omni-shaped model with random weights, built offline.
 
-Like `tiny-random` (reference/tiny.py, whose tokenizer trainer it shares), everything a real
+Like `tiny-random` (models/qwen2_5_omni/tiny.py; both build on reference/tiny_models.py), everything a real
 checkpoint folder holds is made here with no download, in the published layout: a byte-level
 BPE wrapped as `Qwen2Tokenizer` with Qwen3-Omni's special tokens, a `Qwen3OmniMoeProcessor`
 (Whisper features: 128 mel bins, 16 kHz, hop 160) with a chat template, and
@@ -20,9 +20,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ...tiny import _build_tokenizer, _round_up, _seeded, build_once, cache_root
+from ...tiny_models import build_once, build_tokenizer, cache_root, round_up, seeded
 
-BUILD_VERSION = "v1"
+# v2: 16 px patches and a deepstack layer (pictures); v3: the talker's experts initialised, audible audio
+BUILD_VERSION = "v3"
 SEED = 4321
 NAME = "tiny-random-qwen3-omni"
 VOICES = {"ethan": 0, "chelsie": 1, "aiden": 2}  # offsets from SPEAKER_BASE
@@ -59,12 +60,13 @@ def ensure_tiny_model() -> Path:
 def build_tiny_model(out_dir: Path) -> None:
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
-    tokenizer = _build_tokenizer(SPECIAL_TOKENS, PLAIN_TOKENS, NAMED_TOKENS, [])
+    tokenizer = build_tokenizer(SPECIAL_TOKENS, PLAIN_TOKENS, NAMED_TOKENS, [])
     processor = _build_processor(tokenizer)
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS + PLAIN_TOKENS}
-    config = model_config(ids, vocab_size=_round_up(len(tokenizer), 16))
-    with _seeded(SEED):
+    config = model_config(ids, vocab_size=round_up(len(tokenizer), 16))
+    with seeded(SEED):
         model = Qwen3OmniMoeForConditionalGeneration(config).eval()
+        initialise_talker_experts(model)
     model.generation_config.eos_token_id = [ids["<|im_end|>"], ids["<|endoftext|>"]]
     model.generation_config.pad_token_id = ids["<|endoftext|>"]
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -73,6 +75,20 @@ def build_tiny_model(out_dir: Path) -> None:
     (out_dir / "TINY_RANDOM.json").write_text(json.dumps(
         {"name": NAME, "build_version": BUILD_VERSION, "seed": SEED,
          "parameters": sum(p.numel() for p in model.parameters())}, indent=2))
+
+
+def initialise_talker_experts(model) -> None:
+    """What transformers (5.19) leaves out of the talker's initialisation, initialised as it
+    does the thinker's: the MoE experts, which would keep whatever memory `torch.empty` gave
+    them (another model at every build, values up to 1e35), and their routers, zeros (every
+    token to the same experts)."""
+    import torch
+
+    std = model.talker.config.text_config.initializer_range
+    with torch.no_grad():
+        for layer in model.talker.model.layers:
+            for weights in (layer.mlp.experts.gate_up_proj, layer.mlp.experts.down_proj, layer.mlp.gate.weight):
+                weights.normal_(mean=0.0, std=std)
 
 
 def _build_processor(tokenizer):
@@ -84,7 +100,10 @@ def _build_processor(tokenizer):
 
     tokenizer.chat_template = CHAT_TEMPLATE
     return Qwen3OmniMoeProcessor(
-        image_processor=Qwen2VLImageProcessor(), video_processor=Qwen2VLVideoProcessor(),
+        image_processor=Qwen2VLImageProcessor(patch_size=16, merge_size=2, image_mean=[0.5] * 3,
+                                              image_std=[0.5] * 3),
+        video_processor=Qwen2VLVideoProcessor(patch_size=16, merge_size=2, image_mean=[0.5] * 3,
+                                              image_std=[0.5] * 3),
         feature_extractor=WhisperFeatureExtractor(
             feature_size=128, sampling_rate=16_000, hop_length=160, chunk_length=30, n_fft=400,
             return_attention_mask=True),
@@ -104,7 +123,8 @@ def model_config(ids: dict[str, int], vocab_size: int, **shapes):
                           n_window_infer=800, conv_chunksize=500, downsample_hidden_size=16,
                           max_source_positions=1500),
         vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
-                           out_hidden_size=64, deepstack_visual_indexes=[]),
+                           out_hidden_size=64, patch_size=16, spatial_merge_size=2,
+                           deepstack_visual_indexes=[0]),
         text_config=dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          head_dim=16, moe_intermediate_size=32, num_experts=4,
@@ -135,7 +155,10 @@ def model_config(ids: dict[str, int], vocab_size: int, **shapes):
     code2wav = dict(codebook_size=CODEBOOK_SIZE, hidden_size=32, num_hidden_layers=2,
                     num_attention_heads=2, num_key_value_heads=2, intermediate_size=64,
                     sliding_window=72, num_quantizers=CODE_GROUPS, decoder_dim=32,
-                    upsample_rates=[8, 5, 4, 3], upsampling_ratios=[2, 2])
+                    upsample_rates=[8, 5, 4, 3], upsampling_ratios=[2, 2],
+                    # at transformers' 0.02 the random decoder's audio is about 1e-8, numerically
+                    # silent (any two replies' audio would compare equal); at 0.1 it peaks near 0.4
+                    initializer_range=0.1)
     config = Qwen3OmniMoeConfig(
         thinker_config=thinker, talker_config=talker, code2wav_config=code2wav,
         enable_audio_output=True, im_start_token_id=ids["<|im_start|>"],

@@ -16,18 +16,13 @@ anything here changes.
 from __future__ import annotations
 
 import json
-import logging
-import os
-import shutil
-import tempfile
-import time
 from pathlib import Path
+
+from ...tiny_models import build_once, build_tokenizer, cache_root, round_up, seeded
 
 BUILD_VERSION = "v2"
 SEED = 1234
 VOICES = ("Chelsie", "Ethan")
-
-logger = logging.getLogger(__name__)
 
 # Special tokens in Qwen2.5-Omni's order. The last five stand in for the talker's reserved
 # tokens (text pad/bos/eos and one "speaker bos" per voice); real checkpoints keep their own.
@@ -52,30 +47,6 @@ CODEBOOK_SIZE = 64          # codes the token2wav DiT can embed (0..CODEBOOK_SIZ
 CODEC_PAD, CODEC_BOS, CODEC_EOS, CODEC_MASK = 72, 73, 74, 76
 TALKER_VOCAB = 80
 
-_CORPUS = """
-Hello! How are you today? I am fine, thank you. What can I do for you?
-The weather is sunny and warm, with a light breeze from the west.
-Could you tell me the time? It is half past nine in the morning.
-Please book a table for two people at seven o'clock tonight.
-Sure, let me check that for you. One moment please.
-I would like to order a pizza with cheese, tomatoes and mushrooms.
-Your order has been placed and will arrive in thirty minutes.
-The quick brown fox jumps over the lazy dog near the river bank.
-Turn on the lights in the kitchen and set the temperature to twenty degrees.
-Sorry, I did not catch that. Could you say it again, a little slower?
-You are a helpful assistant. Answer briefly and speak naturally.
-The meeting starts at 10:30 on Monday, 12 May 2025, in room 4B.
-Numbers: 0 1 2 3 4 5 6 7 8 9 10 42 100 3.14 -7 1e3 true false null
-{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}
-{"location": "Berlin", "days": 3, "verbose": false, "tags": ["a", "b"]}
-<tool_call> </tool_call> <tool_response> </tool_response>
-"""
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("OMNI_CACHE_DIR", Path.home() / ".cache" / "omni-voice-agent"))
-
-
 def tiny_model_dir() -> Path:
     """Where the tiny-random model lives once built."""
     return cache_root() / f"tiny-random-{BUILD_VERSION}"
@@ -90,41 +61,19 @@ def ensure_tiny_model() -> Path:
     return build_once(tiny_model_dir(), build_tiny_model, "tiny-random")
 
 
-def build_once(target: Path, build, name: str) -> Path:
-    """`target`, made by `build(folder)` first if it holds no config.json yet: built into a
-    temporary folder renamed into place, so concurrent starts never see half a model."""
-    if (target / "config.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    logger.info("building %s in %s …", name, target)
-    started = time.monotonic()
-    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
-        build(staging)
-        try:
-            staging.rename(target)
-        except OSError:  # another process won the race; its copy is identical
-            shutil.rmtree(staging, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    logger.info("built %s in %.1f s", name, time.monotonic() - started)
-    return target
-
-
 def build_tiny_model(out_dir: Path) -> None:
     """Write tokenizer, processor, model weights and speakers into `out_dir`."""
     import torch
 
-    tokenizer = _build_tokenizer()
+    tokenizer = build_tokenizer(SPECIAL_TOKENS, TOOL_TOKENS, NAMED_TOKENS, TALKER_TOKENS)
     processor = _build_processor(tokenizer)
     ids = {tok: tokenizer.convert_tokens_to_ids(tok)
            for tok in SPECIAL_TOKENS + TOOL_TOKENS + TALKER_TOKENS}
 
-    config = _model_config(ids, vocab_size=_round_up(len(tokenizer), 16))
+    config = _model_config(ids, vocab_size=round_up(len(tokenizer), 16))
     from transformers import Qwen2_5OmniForConditionalGeneration
 
-    with _seeded(SEED):
+    with seeded(SEED):
         model = Qwen2_5OmniForConditionalGeneration(config).eval()
         _make_vocoder_audible(model.token2wav.code2wav_bigvgan_model)
         speakers = _speakers(ids, cond_dim=config.token2wav_config.dit_config.enc_emb_dim)
@@ -141,51 +90,6 @@ def build_tiny_model(out_dir: Path) -> None:
 
 
 # --------------------------------------------------------------------------- pieces
-
-def _build_tokenizer(special_tokens=None, plain_tokens=None, named_tokens=None, extra_special=None):
-    """The tiny byte-level BPE, wrapped as `Qwen2Tokenizer`. The token lists default to
-    Qwen2.5-Omni's (tiny-random); Qwen3-Omni's tiny model passes its own."""
-    special_tokens = SPECIAL_TOKENS if special_tokens is None else special_tokens
-    plain_tokens = TOOL_TOKENS if plain_tokens is None else plain_tokens
-    named_tokens = NAMED_TOKENS if named_tokens is None else named_tokens
-    extra_special = TALKER_TOKENS if extra_special is None else extra_special
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
-    from transformers import AddedToken, Qwen2Tokenizer
-    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
-
-    # Same pre-tokenization as Qwen2 so the trained merges fit the wrapper below.
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    trainer = trainers.BpeTrainer(
-        vocab_size=1024, min_frequency=1, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    previous = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread: merges in a fixed order
-    try:
-        bpe.train_from_iterator(_CORPUS.strip().splitlines() * 4, trainer=trainer)
-    finally:
-        if previous is None:
-            os.environ.pop("TOKENIZERS_PARALLELISM", None)
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = previous
-    model_json = json.loads(bpe.to_str())["model"]
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model_json["merges"]]
-
-    tokenizer = Qwen2Tokenizer(
-        vocab=model_json["vocab"], merges=merges,
-        unk_token=None, bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        model_specific_special_tokens=named_tokens,
-    )
-    tokenizer.add_tokens([AddedToken(t, special=True) for t in special_tokens], special_tokens=True)
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in plain_tokens])
-    tokenizer.add_tokens([AddedToken(t, special=True) for t in extra_special], special_tokens=True)
-    tokenizer.model_max_length = 32768
-    return tokenizer
-
 
 def _build_processor(tokenizer):
     from transformers import (
@@ -295,23 +199,3 @@ def _speakers(ids: dict[str, int], cond_dim: int) -> dict:
     }
 
 
-class _seeded:
-    """Seed torch's global generator for the block and restore its state afterwards."""
-
-    def __init__(self, seed: int) -> None:
-        self.seed = seed
-
-    def __enter__(self):
-        import torch
-
-        self._state = torch.random.get_rng_state()
-        torch.manual_seed(self.seed)
-
-    def __exit__(self, *exc):
-        import torch
-
-        torch.random.set_rng_state(self._state)
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return (n + multiple - 1) // multiple * multiple

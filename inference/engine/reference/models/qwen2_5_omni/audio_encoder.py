@@ -4,9 +4,8 @@
 transformers' encoder (`Qwen2_5OmniAudioEncoder`) cuts a clip's mel into chunks of
 2 × n_window frames (2 s) and lets each chunk attend only to itself. Without flash attention
 it runs one SDPA call per chunk per layer on the chunks' rows laid end to end, so a clip
-costs hundreds of small kernels launched from Python: at 32 calls on an H200 the engine loop
-spent about 15 ms of host time per new clip there (py-spy, 2026-12-04), and every reply's
-decode step waited behind it.
+costs hundreds of small kernels launched from Python: on a busy GPU the engine loop spent
+much of its host time per new clip there, and every reply's decode step waited behind it.
 
 Here every chunk is padded to the full 2 × n_window frames and all of a clip's chunks run as
 one batch; attention masks each chunk's padding keys, so every real row sees exactly the keys
@@ -28,7 +27,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as omni
 
-from .cuda_graphs import batch_buckets, bucket_for, capture_each
+from ...cuda_graphs import batch_buckets, bucket_for, capture_each
 
 # any SDPA kernel but cuDNN's, which builds and caches an execution plan per shape (the last
 # chunk's length changes with every utterance); the masked batch takes the memory-efficient one

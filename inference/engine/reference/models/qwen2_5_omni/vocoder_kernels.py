@@ -5,9 +5,9 @@ residual blocks, one before the last convolution) in anti-aliasing: upsample ×2
 padding, a depthwise transposed convolution with a 12-tap Kaiser-windowed sinc, a crop),
 SnakeBeta at the doubled rate, then downsample ×2 (replicate padding, a depthwise 12-tap
 low-pass convolution with stride 2). As modules that is five or more kernels per activation,
-each reading and writing a tensor twice the signal's length; on an H200 at 24 replies the
-transposed convolution alone was cuDNN's largest kernel (15 % of all GPU time) and padding,
-depthwise convolutions and Snake's elementwise kernels another ~19 %.
+each reading and writing a tensor twice the signal's length; under load the transposed
+convolution alone was cuDNN's largest kernel, and padding, depthwise convolutions and Snake's
+elementwise kernels took about as much again (bench/results/JOURNAL.md).
 
 All of it is linear filtering around one elementwise function, so each output sample can be
 computed from the 11 input samples around it, in registers, in one pass:

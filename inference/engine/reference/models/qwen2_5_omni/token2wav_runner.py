@@ -44,8 +44,10 @@ import numpy as np
 import torch
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
 
-from .compiled import compile_step, dit_block, mark_dynamic
-from .cuda_graphs import CapturedStep, bucket_for, fine_batch_buckets, own_stream
+from ...compiled import compile_step, mark_dynamic
+from ...cuda_graphs import CapturedStep, bucket_for, fine_batch_buckets, own_stream
+from ...pending_audio import PendingWaves
+from ..base import ProfiledStep
 from .token2wav_stream import ChunkPlan, MelWindow, Token2WavShape
 
 logger = logging.getLogger(__name__)
@@ -61,9 +63,9 @@ class SpeakerCondition:
 
 
 class Token2WavRunner:
-    """`dtype`: the DiT's (float32 as in transformers, or bfloat16: in graphs 2.5× faster at
-    batch 1 and ~5× at 16 on an H200, with the ODE's state and time embedding kept in float32;
-    its effect on real voices is unmeasured here). The vocoder always runs in float32.
+    """`dtype`: the DiT's (float32 as in transformers, or bfloat16: in graphs several times
+    faster, more so in larger batches, with the ODE's state and time embedding kept in
+    float32; its effect on real voices is unmeasured here). The vocoder always runs in float32.
     `other_plans`: chunk plans replies may use besides `plan` (the same ODE and guidance,
     other chunk sizes); their windows and vocoder lengths are captured too.
     `fused_vocoder`: the vocoder's anti-aliased activations as one Triton kernel each
@@ -94,7 +96,7 @@ class Token2WavRunner:
         self.capture_stream = own_stream(device) if device.type == "cuda" else None
         # and one memory pool for them all: they replay one at a time on `stream`, and each
         # output is used (copied) before the next replay, so their memory can be shared
-        # (a pool per graph took ~10 GB at 48 slots, H200, 2026-12-04)
+        # (a pool per graph took several times the memory)
         self.graph_pool = (torch.cuda.graph_pool_handle()
                            if device.type == "cuda" and cuda_graphs else None)
         self.shape = Token2WavShape(
@@ -125,6 +127,14 @@ class Token2WavRunner:
     def graphed(self) -> dict[str, list]:
         """What runs from CUDA graphs: (ODE steps, batch, frames) and (vocoder frames, batch)."""
         return {"ode": sorted(self._ode_graphs), "vocoder": sorted(self._vocoder_graphs)}
+
+    def profiled_steps(self) -> dict[str, dict[str, ProfiledStep]]:
+        """Its graphs, for a runner's `profiled_steps`: the ODE solves by "steps/batch/frames",
+        the vocoder by "frames/batch"."""
+        return {"ode": {"/".join(map(str, key)): ProfiledStep(solve.step.replay)
+                        for key, solve in sorted(self._ode_graphs.items())},
+                "vocoder": {"/".join(map(str, key)): ProfiledStep(vocoder.step.replay)
+                            for key, vocoder in sorted(self._vocoder_graphs.items())}}
 
     def sample(self, windows: list[MelWindow]) -> list[torch.Tensor]:
         """Mel (1, mel_dim, frames) of each window; windows with the same ODE step count are
@@ -212,39 +222,6 @@ class Token2WavRunner:
         logger.info("token2wav CUDA graphs in %.1f s: ODE (steps, batch, frames) %s; vocoder "
                     "(frames, batch) %s", time.monotonic() - started, sorted(self._ode_graphs),
                     sorted(self._vocoder_graphs))
-
-
-@dataclass
-class PendingWaves:
-    """A batch's audio on its way to the host: `waves()` once `ready()` (or it waits)."""
-    host: torch.Tensor                # every wave's samples, one after the other
-    spans: list[tuple[int, int]]      # each mel's samples in `host`, in the order given
-    done: torch.cuda.Event | None     # the copy's completion (None: already on the host)
-
-    @classmethod
-    def to_host(cls, joined: torch.Tensor, spans: list[tuple[int, int]]) -> "PendingWaves":
-        """`joined` (1-D samples) on its way to the host: one pinned copy on the current
-        stream, its end recorded (a CPU tensor is already there)."""
-        if not joined.is_cuda:
-            return cls(joined, spans, None)
-        host = torch.empty(joined.shape, dtype=joined.dtype, pin_memory=True)
-        host.copy_(joined, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-        return cls(host, spans, done)
-
-    def ready(self) -> bool:
-        return self.done is None or self.done.query()
-
-    def wait(self) -> None:
-        """Block until the audio is on the host."""
-        if self.done is not None:
-            self.done.synchronize()
-
-    def waves(self) -> list[torch.Tensor]:
-        """Audio samples (1-D, on the CPU) of each mel, in the order `vocode` was given them."""
-        self.wait()
-        return [self.host[start:end] for start, end in self.spans]
 
 
 class _WindowOde:
@@ -358,6 +335,12 @@ class _WindowVelocity:
 
     def __call__(self, time_step: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         return self.evaluate(time_step, state, self.condition, self.rotary, self.block_diff)
+
+
+def dit_block(block, hidden: torch.Tensor, time_embedding: torch.Tensor, rotary,
+              block_diff: torch.Tensor) -> torch.Tensor:
+    """One DiT transformer block (compiled.py's entry point for token2wav's blocks)."""
+    return block(hidden, time_embedding, position_embeddings=rotary, block_diff=block_diff)
 
 
 def dit_velocity(dit, guidance_scale: float, block_step: Callable = dit_block) -> Callable:

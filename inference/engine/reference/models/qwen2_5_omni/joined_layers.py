@@ -2,10 +2,9 @@
 
 A decode step reads every weight of every layer once, for 1 to 32 rows, so it is bound by how
 fast the products stream their weights, and a few large products stream faster than many
-small ones: on an H200 a thinker layer's seven products at 1-32 rows take 4.3-4.4 ms over 28
-layers as transformers calls them (q, k, v, o, gate, up, down), 3.9 ms as four (qkv, o,
-gate_up, down), and a talker's 1.5 against 1.25 ms over 24 (`bench/decode_gemm.py`,
-bench/results/2026-12-04-h200-decode-gemm.log). Serving engines load the weights joined for
+small ones: a layer's products as four (qkv, o, gate_up, down) take about a tenth less than
+as transformers calls them (q, k, v, o, gate, up, down), for the thinker and the talker alike
+(`bench/decode_gemm.py`; the figures in bench/results/JOURNAL.md). Serving engines load the weights joined for
 this reason; transformers' modules call the projections one by one, so the engine runs the
 layer's arithmetic itself once `join_projections` has joined them:
 
@@ -26,7 +25,7 @@ import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import apply_rotary_pos_emb
 
-from .int8_matmul import product
+from ...int8_matmul import product
 
 
 @torch.no_grad()
@@ -82,3 +81,14 @@ def joined_decoder_layer(layer, hidden: torch.Tensor, view, rotary) -> torch.Ten
     gate, up = product(layer.post_attention_layernorm(hidden), mlp, "gate_up",
                        mlp.gate_up_weight).chunk(2, dim=-1)
     return hidden + product(mlp.act_fn(gate) * up, mlp, "down", mlp.down_proj.weight)
+
+
+# The compiled entry points (compiled.py): one per model, so dynamo keeps their code apart.
+def thinker_layer(layer, hidden: torch.Tensor, view, rotary) -> torch.Tensor:
+    """`joined_decoder_layer` for the thinker's layers."""
+    return joined_decoder_layer(layer, hidden, view, rotary)
+
+
+def talker_layer(layer, hidden: torch.Tensor, view, rotary) -> torch.Tensor:
+    """`joined_decoder_layer` for the talker's layers."""
+    return joined_decoder_layer(layer, hidden, view, rotary)

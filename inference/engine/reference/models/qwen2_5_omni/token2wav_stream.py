@@ -15,7 +15,7 @@ around it; this is the sliding-window decoding Qwen designed the DiT for (their 
   previous chunk on the left, the provisional look-ahead mel on the right, and only the
   chunk's own samples are emitted. (Qwen's helpers instead hold each chunk's last 20 frames
   back until the next chunk exists; using the look-ahead mel as right context emits the
-  whole chunk at once, which takes 0.2 s off the time to first audio.) The last chunk has no
+  whole chunk at once, so the listener does not wait for those frames.) The last chunk has no
   look-ahead; it takes as much more settled mel on the left as makes its input as long as a
   steady chunk's, so it runs from the same captured vocoder graphs (an odd length would run
   eagerly: a thousand small launches) and has more context, not less.
@@ -35,10 +35,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .phases import PhaseClock
+from ...phases import PhaseClock
 
 # the smallest token2wav batch that counts as load (ChunkPlan.loaded_batch's default): chunks
-# batch up when the GPU is busy (5.5 replies a batch at 32 steady calls, 1 alone; H200)
+# batch up when the GPU is busy (several replies a batch under load, one alone)
 LOADED_BATCH = 6
 
 
