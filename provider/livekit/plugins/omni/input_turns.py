@@ -25,7 +25,9 @@ class InputTurns:
       buffer holds;
     - `committing`: commits sent and not acknowledged, with their audio;
     - `committed`: acknowledged commits, by item id, until their `conversation.item.added`
-      (when the audio goes into the mirror: the worker echoes no audio back).
+      (when the audio goes into the mirror: the worker echoes no audio back). A connection
+      lost in between replays them as items of their own (`reset_for_replay`), so the turn
+      is in neither the mirror nor `committing` but is not lost.
     """
 
     def __init__(self) -> None:
@@ -73,10 +75,13 @@ class InputTurns:
     def take_audio(self, item_id: str) -> bytes | None:
         return self.committed.pop(item_id, None)
 
-    def reset_for_replay(self) -> tuple[list[tuple[str, bytes]], bytes]:
-        """A new socket: returns the commits the lost worker never acknowledged and the open
-        turn's audio, and forgets both (they are sent again on the new socket and counted
-        anew). Acknowledged commits stay: their items are in the mirror's replay."""
+    def reset_for_replay(self) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]], bytes]:
+        """A new socket. Returns, oldest first, the acknowledged commits whose item never came
+        back (item id and audio), the commits the lost worker never acknowledged (event id and
+        audio), and the open turn's audio. Resets the last two (they are sent again on the new
+        socket and counted anew); the first stay in `committed`, since their items are created
+        again under the same ids and take their audio when the new worker echoes them. Commits
+        whose item came back are in the mirror's replay already."""
         committing, self.committing = list(self.committing), deque()
         turn, self.on_socket = bytes(self.on_socket), bytearray()
-        return committing, turn
+        return list(self.committed.items()), committing, turn

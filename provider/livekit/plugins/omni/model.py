@@ -14,6 +14,7 @@ from livekit.agents.utils import is_given
 
 from .options import DEFAULT_CONN_OPTIONS, ModelOptions, Truncation, check_truncation, resolve_api_key, resolve_fallback_url, resolve_url
 from .session import RealtimeSession
+from .video import VideoInput
 
 DEFAULT_VOICE = "Chelsie"
 
@@ -51,6 +52,11 @@ class RealtimeModel(llm.RealtimeModel):
             "retention_ratio": 0.8, "token_limits": {"post_instructions": 3000}}` (cut to that
             share of the budget at once, so the worker's prefix cache serves the turns after).
             Not given: not sent.
+        video_frames_per_turn: with video input on (`RoomOptions(video_input=True)`), the newest
+            distinct frames sampled since the last turn that go with the next one, as pictures
+            in a user item right before its audio (near-identical frames are dropped).
+        video_detail: `"low"` (default: frames resized to about 448×448 pixels, ~200-256 image
+            tokens) or `"high"` (about 1024×1024).
         http_session: an aiohttp session to reuse; by default the job's, or one of our own.
     """
 
@@ -69,6 +75,8 @@ class RealtimeModel(llm.RealtimeModel):
         speculative_replies: bool = True,
         input_transcription: bool = True,
         truncation: NotGivenOr[Truncation] = NOT_GIVEN,
+        video_frames_per_turn: int = 1,
+        video_detail: Literal["low", "high"] = "low",
         http_session: aiohttp.ClientSession | None = None,
     ) -> None:
         super().__init__(
@@ -100,7 +108,10 @@ class RealtimeModel(llm.RealtimeModel):
             speculative_replies=speculative_replies,
             input_transcription=input_transcription,
             truncation=check_truncation(truncation) if is_given(truncation) else None,
+            video_frames_per_turn=video_frames_per_turn,
+            video_detail=video_detail,
         )
+        VideoInput(frames_per_turn=video_frames_per_turn, detail=video_detail)  # checks both: ValueError now
         self._http_session = http_session
         self._owns_http_session = False
         self._sessions = weakref.WeakSet[RealtimeSession]()

@@ -48,6 +48,10 @@ class ModelOptions:
     modalities: list[Literal["text", "audio"]] = field(default_factory=lambda: ["audio"])
     truncation: Truncation | None = None
     """Sent in the session when given; None: the worker's default ("auto")."""
+    video_frames_per_turn: int = 1
+    """The newest distinct video frames attached to a user turn (video.py)."""
+    video_detail: Literal["low", "high"] = "low"
+    """The pixel budget frames are resized to before encoding: low ~448×448, high ~1024×1024."""
 
 
 def resolve_url(url: str | None, *, env: str = URL_ENV) -> str:

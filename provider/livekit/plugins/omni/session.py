@@ -37,8 +37,8 @@ from livekit.agents.types import NOT_GIVEN, NotGivenOr
 from livekit.agents.utils import is_given
 from livekit.agents.voice.generation import remove_instructions
 
-from . import audio, wire
-from .connection import FATAL_ERROR_CODES, connect
+from . import audio, video, wire
+from .connection import FATAL_ERROR_CODES, WorkerRateLimited, connect
 from .generation import FunctionCallState, Generation, MessageStreams, heard_part, response_metrics
 from .input_turns import InputTurns, TrimInput
 from .item_ops import ItemOp, ItemOps
@@ -63,7 +63,9 @@ RACE_ERROR_CODES = frozenset({"response_cancel_not_active"})
 
 # raw wire events, for debugging and tests (audio appends are not reported), and the outcome of
 # each speculative reply ({"outcome": "started" | "used" | "discarded", and the counts so far})
-ServerEvents = Literal["omni_server_event_received", "omni_client_event_queued", "omni_speculative_reply"]
+# and the pictures attached to a turn ({"item_id", "frames", and the counts so far})
+ServerEvents = Literal["omni_server_event_received", "omni_client_event_queued", "omni_speculative_reply",
+                       "omni_video_frames_attached"]
 
 OutboxItem = wire.Event | bytes | RewindInput | TrimInput
 
@@ -93,6 +95,9 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         # names them in response.context_truncated): a replay leaves them out too
         self._left_context: set[str] = set()
         self._input = audio.InputAudio()
+        self._video = video.VideoInput(frames_per_turn=options.video_frames_per_turn, detail=options.video_detail)
+        self._video_refused = False  # the worker does not read pictures: frames are not even encoded
+        self._picture_items: set[str] = set()  # the items of frames this session attached
 
         # the sender's queue: events, raw 16 kHz PCM16 to append (encoded when sent), rewinds
         self._outbox = utils.aio.Chan[OutboxItem]()
@@ -228,7 +233,26 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             self._turns.pushed_samples = keep
 
     def push_video(self, frame: rtc.VideoFrame) -> None:
-        pass  # the worker takes no video; RealtimeCapabilities has no flag for it
+        # the framework's sampler already chose this frame; near-identical ones stop here,
+        # the others wait (resized and encoded) for the caller's next turn
+        if self._video_refused or self._outbox.closed:
+            return
+        try:
+            self._video.push(frame)
+        except Exception:
+            logger.exception("could not take a video frame (%dx%d, %s)", frame.width, frame.height, frame.type)
+
+    def _attach_pictures(self) -> None:
+        """The frames waiting for this turn go right before its commit, as one user item of
+        pictures: the worker's conversation then reads them just ahead of the turn's audio."""
+        pictures = self._video.take()
+        if not pictures or self._video_refused:
+            return
+        item = wire.picture_item(pictures, self._video.detail)
+        self._picture_items.add(item.id)
+        event = wire.create_item(wire.chat_item_to_wire(item), None)  # type: ignore[arg-type]
+        self._start_item_op(ItemOp(event=event, kind="create", item_id=item.id, chat_item=item))
+        self.emit("omni_video_frames_attached", {"item_id": item.id, "frames": len(pictures), **self._video.counts})
 
     def commit_audio(self) -> None:
         if (spec := self._speculation.current) is not None:
@@ -243,6 +267,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         for chunk in self._input.flush():
             self._send_input(chunk)
         if self._turns.pushed_samples >= MIN_COMMIT_SAMPLES:
+            self._attach_pictures()
             self._send(wire.commit_audio())
             self._turns.new_turn()
 
@@ -380,6 +405,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             self._send_input(chunk)
         if self._turns.pushed_samples < MIN_COMMIT_SAMPLES:
             return False
+        self._attach_pictures()
         commit = wire.commit_audio()
         spec = Speculation(create_id=wire.event_id("response_create"), commit_id=commit["event_id"],
                            samples=self._turns.pushed_samples)
@@ -652,10 +678,13 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
                         self._emit_error(e, recoverable=False)
                         return
                     self._emit_error(e, recoverable=True)
+                    refused_by = self._url
                     if self._opts.fallback_url is not None:  # the other worker first, then back
                         other = {self._opts.url: self._opts.fallback_url, self._opts.fallback_url: self._opts.url}
                         self._url = other[self._url]
                     delay = retry_delay(self._opts.conn_options, self._failures)
+                    if isinstance(e, WorkerRateLimited) and e.retry_after_s is not None and self._url == refused_by:
+                        delay = max(delay, e.retry_after_s)  # sooner, that worker would only refuse again
                     logger.warning("%s; reconnecting to %s in %.1f s (attempt %d of %d)", e.message, self._url,
                                    delay, self._failures + 1, max_retry)
                     await asyncio.sleep(delay)
@@ -709,6 +738,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             logger.info("replaying %d items of %d: %d had left the lost worker's context, and a worker holds at "
                         "most %d items and %g s of user audio", len(items), len(items) + len(left_out),
                         len(self._left_context), WORKER_MAX_ITEMS, WORKER_MAX_AUDIO_S)
+        awaiting_item, committing, turn = self._turns.reset_for_replay()
         for item_id in left_out:
             self._forget_on_worker(item_id)
         self._left_context.clear()  # the new worker's model reads everything replayed
@@ -725,15 +755,38 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
                 continue
             self._item_ops.add(ItemOp(event=event, kind="create", item_id=item.id, replay=True))
             await self._send_now(ws, event)
+        await self._replay_committed_turns(ws, awaiting_item)
         for op in resend:
             await self._send_now(ws, op.event)  # sent on the lost socket, never answered
-        await self._replay_input_audio(ws)
+        await self._replay_input_audio(ws, committing, turn)
         for request in self._replies.unanswered():
             await self._send_now(ws, request)  # the question came; the lost worker never answered
 
-    async def _replay_input_audio(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+    async def _replay_committed_turns(self, ws: aiohttp.ClientWebSocketResponse,
+                                      awaiting_item: list[tuple[str, bytes]]) -> None:
+        """User turns the lost worker committed whose item had not come back (the connection
+        was lost between `input_audio_buffer.committed` and `conversation.item.added`): in
+        neither the mirror nor the unacknowledged commits, so created again here as items, at
+        the end of the conversation where the commit put them, under the ids the lost worker
+        gave them (a speculation or a delete in flight may name them)."""
+        for item_id, pcm in awaiting_item:
+            if not pcm:  # a commit this session did not make: no audio of ours to replay
+                self._turns.take_audio(item_id)
+                continue
+            turn_item = llm.ChatMessage(id=item_id, role="user",
+                                        content=[llm.AudioContent(frame=[audio.input_frame(pcm)])])
+            event = wire.create_item(wire.chat_item_to_wire(turn_item), previous_item_id=None)
+            if len(json.dumps(event)) > MAX_EVENT_BYTES:
+                logger.warning("user turn %s is too large to replay (a spoken turn of more than ~45 s); "
+                               "the new worker will not have it", item_id)
+                self._turns.take_audio(item_id)
+                continue
+            self._item_ops.add(ItemOp(event=event, kind="create", item_id=item_id, chat_item=turn_item, replay=True))
+            await self._send_now(ws, event)
+
+    async def _replay_input_audio(self, ws: aiohttp.ClientWebSocketResponse,
+                                  committing: list[tuple[str, bytes]], turn: bytes) -> None:
         """Input the lost worker had but never turned into an item: commits, then the open turn."""
-        committing, turn = self._turns.reset_for_replay()
         for commit_id, pcm in committing:
             for start in range(0, len(pcm), REPLAY_APPEND_BYTES):
                 await self._send_now(ws, pcm[start:start + REPLAY_APPEND_BYTES])
@@ -857,11 +910,21 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
                          recoverable=True)
 
     def _on_item_op_refused(self, op: ItemOp, code: str | None, message: str) -> None:
+        if code == "images_not_supported" and not self._video_refused:
+            self._video_refused = True
+            logger.warning("the omni worker does not read pictures (%s); video frames are no longer sent", message)
+        if op.item_id in self._picture_items and not op.replay:
+            self._picture_items.discard(op.item_id)
+            self._video.forget_sent()  # the model never saw it: the next frame is new
+            if code != "images_not_supported":
+                logger.warning("the omni worker refused a turn's pictures: %s (%s)", message, code)
+            return
         if op.replay:
             # the new worker would not take an earlier item: the mirror must not claim it has it
             logger.warning("could not replay item %s after reconnecting: %s (%s)", op.item_id, message, code)
             with contextlib.suppress(ValueError):
                 self._remote.delete(op.item_id)
+            self._turns.take_audio(op.item_id)  # a user turn replayed from its commit: its audio goes too
         elif op.future is not None and not op.future.done():
             op.future.set_exception(llm.RealtimeError(f"{op.event['type']}: {message}", code=code))
         else:
@@ -892,6 +955,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
     def _on_item_added(self, event: dict[str, Any]) -> None:
         item = event["item"]
         item_id = item["id"]
+        self._picture_items.discard(item_id)
         op = self._item_ops.take("create", item_id)
         if any(g.discarded and item_id in g.output_item_ids
                for g in (self._replies.generation, *self._replies.winding_down.values()) if g is not None):
@@ -1154,5 +1218,6 @@ def _has_content(item: llm.ChatItem) -> bool:
         return False
     return any(
         (isinstance(part, llm.AudioContent) and part.frame) or (isinstance(part, (str, Instructions)) and str(part))
+        or (isinstance(part, llm.ImageContent) and item.role == "user")
         for part in item.content
     )

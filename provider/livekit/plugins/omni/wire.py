@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from livekit import rtc
 from livekit.agents import llm, utils
 from livekit.agents.llm.chat_context import Instructions
 
-from . import audio
+from . import audio, video
 from .log import logger
 
 Event = dict[str, Any]
@@ -186,13 +187,34 @@ def chat_item_to_wire(item: llm.ChatItem) -> dict[str, Any] | None:
             pcm16 = audio.to_input_pcm16(part.frame)
             if pcm16:
                 content.append({"type": "input_audio", "audio": audio.b64(pcm16), "transcript": part.transcript})
+        elif isinstance(part, llm.ImageContent) and item.role == "user":
+            content.append(image_part(part))
         else:
-            logger.warning("the omni worker takes text and user audio only; leaving out a %s part of %s",
-                           type(part).__name__, item.id)
+            logger.warning("the omni worker takes text, user audio and user pictures only; leaving out a %s part "
+                           "of %s", type(part).__name__, item.id)
     if not content:
         return None
     role = "system" if item.role == "developer" else item.role
     return {"type": "message", "id": item.id, "role": role, "content": content}
+
+
+def image_part(part: llm.ImageContent) -> dict[str, Any]:
+    """A picture as an `input_image` part: a data URL (a video frame is resized and
+    JPEG-encoded first), or the URL given (the worker takes remote ones only from hosts it
+    allows)."""
+    detail = part.inference_detail
+    if isinstance(part.image, rtc.VideoFrame):
+        url = video.encode_frame(part.image, "high" if detail == "high" else "low").data_url
+    else:
+        url = part.image
+    return {"type": "input_image", "image_url": url, "detail": detail}
+
+
+def picture_item(pictures: list[video.Picture], detail: str) -> llm.ChatMessage:
+    """The caller's frames for a turn, as the user message sent right before its commit."""
+    return llm.ChatMessage(id=utils.shortuuid("item_frames_"), role="user", content=[
+        llm.ImageContent(image=p.data_url, inference_detail=detail, mime_type="image/jpeg",  # type: ignore[arg-type]
+                         inference_width=p.width, inference_height=p.height) for p in pictures])
 
 
 def wire_item_to_chat_item(item: dict[str, Any]) -> llm.ChatItem:
