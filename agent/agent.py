@@ -6,8 +6,9 @@
     python agent/agent.py console --text   # type to it (no audio device needed)
 
 Turn taking runs here, fully offline: silero VAD and LiveKit's audio turn detector (`v1-mini`),
-both native in livekit-local-inference, and VAD interruptions with false-interruption pause and
-resume. The omni worker only
+both native in livekit-local-inference, or Pipecat's Smart Turn v3 (onnxruntime), whose score sets
+how long a turn waits (agent/turn_detector.py), and VAD interruptions with false-interruption
+pause and resume. The omni worker only
 generates replies (livekit.plugins.omni.RealtimeModel, over WebSocket /v1/realtime). Nothing here calls
 LiveKit Cloud. Settings come from the environment: see agent/config.py and docs/agent.md.
 """
@@ -24,8 +25,8 @@ from functools import cache
 from pathlib import Path
 
 # onnxruntime sends usage telemetry to Microsoft from Linux too since 1.29, unless this is set
-# before it starts; job processes inherit it. The agent no longer loads it (its VAD is native),
-# but a plugin or tool someone adds might. Nothing in the agent may call out.
+# before it starts; the job and inference processes inherit it. The inference process loads it
+# for Smart Turn (AGENT_TURN_DETECTOR smart-turn or combined). Nothing in the agent may call out.
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 # livekit-agents watches every process's event loop for blocking code: a heartbeat and a
 # watchdog thread, each waking every fifth of the warning threshold (at least every 20 ms). At
@@ -55,6 +56,7 @@ if __name__ == "__main__":  # `omni-agent` does this in agent/launch.py
 
     stop_while_starting()
 
+from livekit import api
 from livekit.agents import Agent, AgentSession, JobContext, JobProcess, WorkerOptions, cli, inference, llm, room_io
 from livekit.agents.ipc.inference_executor import InferenceExecutor
 from livekit.agents.worker import ServerEnvOption
@@ -62,13 +64,15 @@ from livekit.local_inference import init_vad
 from livekit.plugins import omni
 
 from agent.barge_in import BargeInGate, SpeechLengthVAD
+from agent.chat_text import ChatTextGate
 from agent.config import AgentSettings
 from agent.console import check_audio_devices
 from agent.metrics import AgentMetrics
-from agent.phone import PhoneCall, parse_key_actions, refusal_reason, refuse_call
+from agent.phone import CallRefusals, PhoneCall, parse_key_actions, refusal_reason, refuse_call
 from agent.room_events import RoomEvents
 from agent.tools import ALL_TOOLS
-from agent.turn_detector import SharedTurnDetector, register as register_turn_detector
+from agent.turn_detector import SharedTurnDetector, TurnPolicy, register as register_turn_detector
+from agent.vision import VisionWatcher
 from agent.worker_load import OmniWorkerLoad
 
 log = logging.getLogger("omni-agent")
@@ -166,15 +170,23 @@ def livekit_openai_model(config: AgentSettings, api_key: str | None) -> llm.Real
     )
 
 
-def build_session(config: AgentSettings, vad: SpeechLengthVAD, inference_executor: InferenceExecutor) -> AgentSession:
+def build_turn_detector(config: AgentSettings, inference_executor: InferenceExecutor) -> SharedTurnDetector:
+    """The local end-of-turn models (in dev mode livekit-agents would pick the cloud `v1`), run
+    in the worker's inference process for every call, and the wait their score sets."""
+    sure, unsure, unlikely = config.turn_thresholds
+    policy = TurnPolicy(detector=config.turn_detector, min_delay_s=config.min_endpointing_delay_s,
+                        max_delay_s=config.max_endpointing_delay_s, unsure_delay_s=config.unsure_delay_s,
+                        sure=sure, unsure=unsure, unlikely=unlikely)
+    return SharedTurnDetector(inference_executor, policy)
+
+
+def build_session(config: AgentSettings, vad: SpeechLengthVAD, turn_detector: SharedTurnDetector) -> AgentSession:
     model = realtime_model(config)
     return AgentSession(
         vad=vad,
         llm=model,
         turn_handling={
-            # v1-mini, the local model (in dev mode livekit-agents would pick the cloud `v1`), run
-            # in the worker's inference process for every call
-            "turn_detection": SharedTurnDetector(inference_executor),
+            "turn_detection": turn_detector,
             "endpointing": {
                 "min_delay": config.min_endpointing_delay_s,
                 "max_delay": config.max_endpointing_delay_s,
@@ -190,7 +202,7 @@ def build_session(config: AgentSettings, vad: SpeechLengthVAD, inference_executo
     )
 
 
-def room_options(config: AgentSettings) -> room_io.RoomOptions:
+def room_options(config: AgentSettings, chat: ChatTextGate | None = None) -> room_io.RoomOptions:
     """The caller's audio as the VAD, the turn detector and the worker all take it: 16 kHz, so
     nothing resamples it again in Python, in 40 ms frames. Every frame's trip through the
     session (the room's stream, its gain control, the VAD, the turn detector, the plugin) costs
@@ -198,26 +210,35 @@ def room_options(config: AgentSettings) -> room_io.RoomOptions:
     latency: a VAD window (32 ms) is decided when the frame holding its last sample arrives, on
     average 16 ms after that sample (8 ms with 20 ms frames; 24 ms with the framework's default
     of 50 ms). LiveKit's gain control takes multiples of 10 ms, so frames cannot be the VAD's
-    windows themselves."""
-    return room_io.RoomOptions(audio_input=room_io.AudioInputOptions(
-        sample_rate=16000, frame_size_ms=40, auto_gain_control=config.auto_gain_control))
+    windows themselves.
+
+    Chat messages go through `chat` (size, rate, phone calls: agent/chat_text.py); with
+    AGENT_TEXT_INPUT off, or no gate, the room's chat is not read at all."""
+    text_input = room_io.TextInputOptions(text_input_cb=chat) if config.text_input and chat is not None else False
+    return room_io.RoomOptions(text_input=text_input, audio_input=room_io.AudioInputOptions(
+        sample_rate=16000, frame_size_ms=40, auto_gain_control=config.auto_gain_control),
+        video_input=config.vision != "off")  # which track: agent/vision.py
 
 
 async def entrypoint(ctx: JobContext) -> None:
     if (reason := refusal_reason(ctx.job.metadata)) is not None:
-        # a call no trunk accepts (deploy/sip/refuse-rule.json): no session, no model
+        # a call no trunk accepts that reached a job all the same (CallRefusals declines those
+        # offered by the refuse rule; a dispatch made by hand is not): no session, no model
         await refuse_call(ctx.api, ctx.job.room.name, reason)
         ctx.shutdown(reason=f"refused: {reason}")
         return
     config = settings()
     vad = build_vad(config)
-    session = build_session(config, vad, ctx.inference_executor)
+    turn_detector = build_turn_detector(config, ctx.inference_executor)
+    session = build_session(config, vad, turn_detector)
     events = RoomEvents(session, ctx.room, metrics(), vad)
     events.attach()
+    turn_detector.on_decision = events.turn_decision
     metrics().session_started()
     ctx.add_shutdown_callback(_session_ended)
     barge_in = BargeInGate(session, vad, min_speech_s=config.min_barge_in_s, on_ignored=events.sound_ignored)
     barge_in.attach()
+    turn_detector.barging_in = lambda: barge_in.barging_in
     # The VAD's end of speech starts the reply; the turn detector's decision plays it. Speech
     # over a reply that the gate lets through as a turn ends that reply, so the next one starts
     # at its end of speech too.
@@ -229,6 +250,9 @@ async def entrypoint(ctx: JobContext) -> None:
                       key_actions=parse_key_actions(config.dtmf_actions))
     phone.attach()
     ctx.add_shutdown_callback(phone.aclose)
+    chat = ChatTextGate(max_chars=config.text_max_chars, per_minute=config.text_per_minute, burst=config.text_burst,
+                        phone_text_input=config.phone_text_input, is_phone_call=lambda: phone.caller is not None,
+                        publish=events.publish)
     # The caller hung up (or was hung up on): end the job now, which flushes its metrics, rather
     # than when LiveKit closes the empty room (its departure timeout, 20 s). Deleting the room
     # first ends the job as done (an agent that just leaves is reported as a failed job).
@@ -241,8 +265,14 @@ async def entrypoint(ctx: JobContext) -> None:
     # participant could read the agent's instructions and the chat history and make it answer
     # text; nothing of ours uses it, and it sent every state change and item to the room again.
     await session.start(agent=agent, room=ctx.room, record=False, session_host=False,
-                        room_options=room_options(config))
+                        room_options=room_options(config, chat))
+    if config.vision != "off":
+        VisionWatcher(config.vision, ctx.room, session, events.publish).attach()
     phone.find_caller()
+
+
+def _livekit_api(config: AgentSettings) -> api.LiveKitAPI:
+    return api.LiveKitAPI(config.livekit_url, config.livekit_api_key, config.livekit_api_secret.get_secret_value())
 
 
 def _end_job(ctx: JobContext, reason: str) -> None:
@@ -265,6 +295,10 @@ def worker_options(config: AgentSettings, mode: str) -> WorkerOptions:
     """`mode`: the command (dev, start, console)."""
     return WorkerOptions(
         entrypoint_fnc=entrypoint,
+        # calls no trunk accepts are refused here, in the worker's process, without a job
+        # process and at a bounded rate (agent/phone.py, docs/sip.md)
+        request_fnc=CallRefusals(lambda: _livekit_api(config), per_s=config.sip_refusals_per_s,
+                                 burst=config.sip_refusal_burst),
         prewarm_fnc=prewarm,
         load_fnc=OmniWorkerLoad(config.omni_health_url),
         # Set in dev mode too (livekit-agents ignores load there by default): the GPU is shared.

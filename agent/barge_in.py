@@ -112,6 +112,8 @@ class BargeInGate:
         self._min_speech_s = min_speech_s
         self._on_ignored = on_ignored
         self._started_over_reply = False
+        # the speech going on, or just ended, started over a reply and is not a short sound
+        self.barging_in = False
 
     def attach(self) -> None:
         self._session.on("user_state_changed", self._on_user_state)
@@ -122,7 +124,7 @@ class BargeInGate:
 
     def _on_user_state(self, ev: UserStateChangedEvent) -> None:
         if ev.new_state == "speaking":
-            self._started_over_reply = self._reply_under_way()
+            self._started_over_reply = self.barging_in = self._reply_under_way()
             return
         if ev.old_state != "speaking" or not self._started_over_reply:
             return
@@ -130,6 +132,7 @@ class BargeInGate:
 
         if self.speech_is_a_turn():
             return  # a true barge-in: let the turn through
+        self.barging_in = False
         speech_s = self._vad.last_speech_s
         assert speech_s is not None
 

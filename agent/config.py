@@ -71,6 +71,22 @@ class AgentSettings(BaseSettings):
     )
     min_endpointing_delay_s: float = Field(0.25, ge=0, validation_alias="AGENT_MIN_ENDPOINTING_DELAY_S")
     max_endpointing_delay_s: float = Field(2.5, gt=0, validation_alias="AGENT_MAX_ENDPOINTING_DELAY_S")
+    turn_detector: Literal["v1-mini", "smart-turn", "combined"] = Field(
+        "v1-mini", validation_alias="AGENT_TURN_DETECTOR",
+        description="the end-of-turn model: LiveKit's v1-mini (last 1.2 s of audio), Pipecat's Smart Turn v3 "
+                    "(last 8 s; `python -m agent.smart_turn fetch` first), or both combined",
+    )
+    # How the detector's score sets the wait (agent/turn_detector.py, TurnPolicy): at or above
+    # `sure` the minimum delay; from there down to `unsure` the wait grows to the unsure delay,
+    # which holds below; at or below `unlikely` the maximum. Unset: the detector's defaults.
+    unsure_delay_s: float = Field(
+        1.3, gt=0, validation_alias="AGENT_UNSURE_DELAY_S",
+        description="silence after the last speech before a turn the detector is unsure of is committed: "
+                    "the longest pause inside a sentence the agent rides out",
+    )
+    turn_sure_score: float | None = Field(None, ge=0, le=1, validation_alias="AGENT_TURN_SURE_SCORE")
+    turn_unsure_score: float | None = Field(None, ge=0, le=1, validation_alias="AGENT_TURN_UNSURE_SCORE")
+    turn_unlikely_score: float | None = Field(None, ge=0, le=1, validation_alias="AGENT_TURN_UNLIKELY_SCORE")
     speculative_replies: bool = Field(
         True, validation_alias="AGENT_SPECULATIVE_REPLIES",
         description="start each reply at the VAD's end of speech, before the turn is confirmed",
@@ -98,6 +114,37 @@ class AgentSettings(BaseSettings):
                     "turns after (its prefix cache stays valid); 1: leave out as little as possible each turn",
     )
 
+    # Typed chat in the room (agent/chat_text.py): each message interrupts the agent and costs
+    # a reply on the GPU, so it is bounded.
+    text_input: bool = Field(
+        True, validation_alias="AGENT_TEXT_INPUT",
+        description="answer chat messages (LiveKit text input, topic lk.chat) from the caller",
+    )
+    phone_text_input: bool = Field(
+        False, validation_alias="AGENT_PHONE_TEXT_INPUT",
+        description="answer chat messages on phone calls too (a phone caller cannot type: any chat there is "
+                    "someone else's)",
+    )
+    text_max_chars: int = Field(
+        2000, ge=1, le=32000, validation_alias="AGENT_TEXT_MAX_CHARS",
+        description="longest chat message answered, in characters (the worker takes at most 32000)",
+    )
+    text_per_minute: float = Field(
+        10.0, gt=0, le=600, validation_alias="AGENT_TEXT_PER_MINUTE",
+        description="chat messages a call answers per minute, sustained; more are refused",
+    )
+    text_burst: int = Field(
+        3, ge=1, le=100, validation_alias="AGENT_TEXT_BURST",
+        description="chat messages a call answers at once before AGENT_TEXT_PER_MINUTE applies",
+    )
+
+    # Vision (docs/vision.md): the caller's video goes to the model with their turns.
+    vision: Literal["camera", "screen", "off"] = Field(
+        "off", validation_alias="AGENT_VISION",
+        description="what the agent watches: camera (the caller's screen share when there is one, else their "
+                    "camera), screen (screen shares only) or off; the worker's model must read pictures",
+    )
+
     # Phone callers (LiveKit SIP, docs/sip.md).
     transfer_to: str = Field(
         "", validation_alias="AGENT_TRANSFER_TO",
@@ -107,6 +154,15 @@ class AgentSettings(BaseSettings):
     transfer_timeout_s: float = Field(
         30.0, ge=1, le=600, validation_alias="AGENT_TRANSFER_TIMEOUT_S",
         description="how long a transfer may ring at the target before it counts as failed",
+    )
+    sip_refusals_per_s: float = Field(
+        1.0, gt=0, le=100, validation_alias="AGENT_SIP_REFUSALS_PER_S",
+        description="calls of the refuse rule (deploy/sip/refuse-rule.json) refused per second, sustained; "
+                    "more are left ringing for LiveKit SIP to give up on",
+    )
+    sip_refusal_burst: int = Field(
+        10, ge=1, le=1000, validation_alias="AGENT_SIP_REFUSAL_BURST",
+        description="calls of the refuse rule refused at once before AGENT_SIP_REFUSALS_PER_S applies",
     )
     dtmf_actions: str = Field(
         "", validation_alias="AGENT_DTMF_ACTIONS",
@@ -150,6 +206,20 @@ class AgentSettings(BaseSettings):
     def _delays_in_order(self) -> AgentSettings:
         if self.min_endpointing_delay_s > self.max_endpointing_delay_s:
             raise ValueError("AGENT_MIN_ENDPOINTING_DELAY_S must not be above AGENT_MAX_ENDPOINTING_DELAY_S")
+        if not self.min_endpointing_delay_s <= self.unsure_delay_s <= self.max_endpointing_delay_s:
+            raise ValueError("AGENT_UNSURE_DELAY_S must lie between AGENT_MIN_ENDPOINTING_DELAY_S and "
+                             "AGENT_MAX_ENDPOINTING_DELAY_S")
+        if self.turn_detector != "v1-mini":
+            from agent.smart_turn import model_path
+
+            if not model_path().is_file():
+                raise ValueError(f"AGENT_TURN_DETECTOR={self.turn_detector} needs Smart Turn v3's model at "
+                                 f"{model_path()}: run `python -m agent.smart_turn fetch` once (or set "
+                                 "AGENT_SMART_TURN_MODEL)")
+        sure, unsure, unlikely = self.turn_thresholds
+        if not unlikely <= unsure <= sure:
+            raise ValueError("the turn scores must be in order: AGENT_TURN_UNLIKELY_SCORE <= AGENT_TURN_UNSURE_SCORE "
+                             f"<= AGENT_TURN_SURE_SCORE (got {unlikely}, {unsure}, {sure} with the detector's defaults)")
         return self
 
     @field_validator("dtmf_actions")
@@ -176,6 +246,15 @@ class AgentSettings(BaseSettings):
         if urlsplit(value).scheme not in ("ws", "wss", "http", "https"):
             raise ValueError(f"LIVEKIT_URL must be a ws(s):// or http(s):// URL, got {value!r}")
         return value
+
+    @property
+    def turn_thresholds(self) -> tuple[float, float, float]:
+        """(sure, unsure, unlikely) for the chosen detector: the settings, or its defaults."""
+        from agent.turn_detector import DEFAULT_THRESHOLDS
+
+        defaults = DEFAULT_THRESHOLDS[self.turn_detector]
+        given = (self.turn_sure_score, self.turn_unsure_score, self.turn_unlikely_score)
+        return tuple(d if g is None else g for g, d in zip(given, defaults, strict=True))  # type: ignore[return-value]
 
     @property
     def omni_health_url(self) -> str:

@@ -6,17 +6,23 @@ A phone caller is a participant of kind SIP whose attributes LiveKit's SIP servi
 `sip.callID`, `sip.trunkID`, `sip.ruleID`, ...). The agent logs one line per call with them and
 tells the room (event `caller` on `omni.agent.events`). Keypad presses (DTMF) arrive as room
 events; each is kept for the tools (`get_phone_call`), told to the room (event `dtmf`), and
-may be bound to an action (AGENT_DTMF_ACTIONS, e.g. `0=transfer,#=hangup`).
+may be bound to an action (AGENT_DTMF_ACTIONS, e.g. `0=transfer,#=hangup`). Only the call's
+own caller presses keys: any participant can publish a DTMF packet into the room (a web
+token is enough), so keys from anyone else are ignored.
 
 The tools work for any caller where that makes sense: `end_call` removes the caller from the
 room (for a phone, LiveKit's SIP service hangs up with a BYE); `transfer_call` asks LiveKit to
-transfer a phone caller to AGENT_TRANSFER_TO (a SIP REFER to the caller's side); a refusal
-comes back to the model as a tool error and to the log and the room as one line each.
+transfer a phone caller to AGENT_TRANSFER_TO (a SIP REFER to the caller's side), one transfer
+at a time; a refusal comes back to the model as a tool error and to the log and the room as one
+line each.
 
 Calls that no trunk accepts reach the agent too, when the catch-all rule of
 deploy/sip/refuse-rule.json is in place: its job metadata `{"refuse": "<reason>"}` makes the
-job refuse the call (`refuse_call`: one log line, then the room is deleted and LiveKit SIP
-answers the ringing phone 486 Busy Here) instead of LiveKit leaving it ringing.
+agent refuse the call (`refuse_call`: one log line, then the room is deleted and LiveKit SIP
+answers the ringing phone 486 Busy Here) instead of LiveKit leaving it ringing. Anyone on the
+internet can send those INVITEs, so `CallRefusals` does it in the agent worker's own process as
+the job is offered (no job process, no room connection), at most so many a second; beyond that
+the call is left to LiveKit, which gives up on it by itself.
 """
 
 from __future__ import annotations
@@ -26,11 +32,14 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from google.protobuf.duration_pb2 import Duration
 from livekit import api, rtc
-from livekit.agents import AgentSession, ToolError, function_tool, llm
+from livekit.agents import AgentSession, JobRequest, ToolError, function_tool, llm
+
+from .rate_limit import TokenBucket
 
 log = logging.getLogger("omni-agent.phone")
 
@@ -83,6 +92,63 @@ async def refuse_call(lk: api.LiveKitAPI, room_name: str, reason: str) -> None:
     await lk.room.delete_room(api.DeleteRoomRequest(room=room_name))
 
 
+# How often the log says that refusals are over their rate (with how many calls were left).
+OVER_RATE_LOG_INTERVAL_S = 10.0
+
+
+class CallRefusals:
+    """The agent worker's job requests (`WorkerOptions.request_fnc`): calls to answer are
+    accepted; calls the refuse rule sends (`refusal_reason`) are declined for good, so no job
+    process starts, and refused with `refuse_call` right here, at most `per_s` a second after a
+    burst of `burst`. Over that rate nothing is done for them: LiveKit SIP keeps the call ringing
+    until its own timeout, as it does for calls that match no rule (what a flood of INVITEs then
+    costs is LiveKit's, not the agent's)."""
+
+    def __init__(self, livekit: Callable[[], AbstractAsyncContextManager[api.LiveKitAPI]], *, per_s: float,
+                 burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        """`livekit`: a fresh LiveKit API client to use once (as `async with`)."""
+        self._livekit = livekit
+        self._rate = TokenBucket(per_s, burst, clock=clock)
+        self._per_s = per_s
+        self._clock = clock
+        self._over_rate = 0  # calls left to LiveKit since the last line about them
+        self._over_rate_logged_at: float | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def __call__(self, request: JobRequest) -> None:
+        reason = refusal_reason(request.job.metadata)
+        if reason is None:
+            await request.accept()
+            return
+        await request.reject(terminate=True)  # no job, on this worker or another
+        if not self._rate.allow():
+            self._note_over_rate()
+            return
+        task = asyncio.ensure_future(self._refuse(request.room.name, reason))  # the answer does not wait
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def aclose(self) -> None:
+        """Let the refusals under way finish (a few seconds at most)."""
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5.0)
+
+    async def _refuse(self, room_name: str, reason: str) -> None:
+        try:
+            async with self._livekit() as lk:
+                await refuse_call(lk, room_name, reason)
+        except (api.TwirpError, OSError, asyncio.TimeoutError) as e:
+            log.warning("could not refuse the phone call in room %s (%s): %s", room_name, reason, e)
+
+    def _note_over_rate(self) -> None:
+        self._over_rate += 1
+        now = self._clock()
+        if self._over_rate_logged_at is None or now - self._over_rate_logged_at >= OVER_RATE_LOG_INTERVAL_S:
+            log.warning("phone calls to refuse arrive faster than %g a second (AGENT_SIP_REFUSALS_PER_S): %d left "
+                        "ringing for LiveKit SIP to give up on", self._per_s, self._over_rate)
+            self._over_rate, self._over_rate_logged_at = 0, now
+
+
 class PhoneCall:
     """One job's caller, as far as the telephone is concerned."""
 
@@ -102,6 +168,12 @@ class PhoneCall:
         self.caller: rtc.RemoteParticipant | None = None
         self.keys: list[str] = []
         self._tasks: set[asyncio.Task[Any]] = set()
+        # the transfer under way, if any: LiveKit's TransferSIPParticipant for this caller runs
+        # until the target answers or rings out, and a second one meanwhile would REFER the
+        # same phone twice
+        self._transfer_pending = False
+        # participants whose keys were ignored, each told in the log once (not per key)
+        self._ignored_key_senders: set[str] = set()
 
     def attach(self) -> None:
         """Before the room is connected: callers who join later, and the keys."""
@@ -134,6 +206,17 @@ class PhoneCall:
                       trunk_phone_number=attrs.get("sip.trunkPhoneNumber"), attributes=sip_attrs)
 
     def _on_dtmf(self, ev: rtc.SipDTMF) -> None:
+        sender = ev.participant
+        if sender is not None and sender.kind == SIP and self.caller is None:
+            self._on_participant(sender)  # its key came before its join event
+        if sender is None or self.caller is None or sender.identity != self.caller.identity:
+            # Anyone in the room can publish DTMF (a web participant's `publish_dtmf`, a server
+            # SDK): only the caller's own keypad may hang up or transfer the call.
+            who = sender.identity if sender is not None else "a server SDK"
+            if who not in self._ignored_key_senders:
+                self._ignored_key_senders.add(who)
+                log.warning("ignored key %s from %s: only the phone caller's keys count", ev.digit, who)
+            return
         self.keys.append(ev.digit)
         action = self._key_actions.get(ev.digit)
         log.info("caller pressed %s%s", ev.digit, f" → {action}" if action else "")
@@ -169,6 +252,18 @@ class PhoneCall:
             raise ToolError("no transfer target is configured (AGENT_TRANSFER_TO)")
         if self.caller is None:
             raise ToolError("only phone callers can be transferred")
+        if self._transfer_pending:
+            log.warning("not transferring %s again (%s): a transfer to %s is already under way",
+                        self.caller.identity, reason, self._transfer_to)
+            raise ToolError(f"a transfer to {self._transfer_to} is already under way; wait for its outcome")
+        self._transfer_pending = True
+        try:
+            return await self._transfer(reason)
+        finally:
+            self._transfer_pending = False
+
+    async def _transfer(self, reason: str) -> str:
+        assert self.caller is not None
         log.info("transferring %s to %s (%s)", self.caller.identity, self._transfer_to, reason)
         started = time.monotonic()
         try:

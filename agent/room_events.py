@@ -17,6 +17,10 @@ object with `type` and `at` (the agent's wall clock, seconds since the epoch):
   going out to the room; endpointing_s from the end of speech to the end-of-turn decision
   (null for replies no user turn asked for, e.g. the greeting); speculative: the reply was
   started at the VAD's end of speech, before that decision.
+- `turn_decision` {detector, v1_mini, smart_turn, score, wait_s, inference_s}: the end-of-turn
+  models' answer 0.2 s into a silence (each model's probability, null for one not run, and the
+  chosen detector's score) and the silence after the last speech the turn then needs before it is
+  committed (agent/turn_detector.py); speech before then withdraws it.
 - `speculative_reply` {outcome, started, used, discarded}: a reply started before the turn
   was confirmed, and what became of it (outcome "started", "used" or "discarded"), with the
   call's counts so far.
@@ -58,6 +62,7 @@ from livekit.plugins import omni
 
 from .barge_in import IgnoredSound, SpeechLengthVAD
 from .metrics import AgentMetrics
+from .turn_detector import TurnDecision
 
 TOPIC = "omni.agent.events"
 
@@ -89,6 +94,12 @@ class RoomEvents:
         s.on("metrics_collected", self._on_metrics)
         s.on("speech_created", self._on_speech_created)
         s.on("agent_false_interruption", self._on_false_interruption)
+
+    def turn_decision(self, decision: TurnDecision) -> None:
+        """The end-of-turn models answered: the silence this turn needs before it is committed."""
+        self.publish("turn_decision", detector=decision.detector, v1_mini=_round(decision.scores.v1_mini),
+                     smart_turn=_round(decision.scores.smart_turn), score=_round(decision.score),
+                     wait_s=round(decision.wait_s, 3), inference_s=round(decision.inference_s, 3))
 
     def sound_ignored(self, sound: IgnoredSound) -> None:
         self.publish("sound_ignored", speech_s=round(sound.speech_s, 3))
@@ -217,6 +228,10 @@ class RoomEvents:
         realtime session mirrors the worker's `conversation.item.added` events)."""
         rt = self._realtime_session()
         return len(rt.chat_ctx.items) if rt is not None else None
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 def _ms(seconds: float | None) -> str:
