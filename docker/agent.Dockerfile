@@ -12,7 +12,9 @@ FROM ${BASE_IMAGE}
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 
-RUN useradd --create-home --uid 1000 agent && python3 -m venv /opt/venv
+# uid 1001, not the worker image's 1000: in the Kubernetes pod the two share a process namespace,
+# and only a different user keeps the worker out of this process's environment (LiveKit's secret).
+RUN groupadd --gid 1001 agent && useradd --create-home --uid 1001 --gid 1001 agent && python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 COPY docker/install-requirements.sh docker/requirements.py /opt/build/
 WORKDIR /app
@@ -31,7 +33,7 @@ RUN pip install --no-cache-dir --no-index --no-deps --no-build-isolation ./provi
 
 ENV PYTHONUNBUFFERED=1 \
     OMNI_URL=ws://127.0.0.1:8000/v1/realtime
-USER agent
+USER 1001:1001
 # livekit-agents' health endpoint in `start` mode: GET / on 8081 (503 when LiveKit is unreachable).
 EXPOSE 8081
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s \

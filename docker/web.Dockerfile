@@ -30,7 +30,7 @@ RUN npm run build
 FROM ${BASE_IMAGE}
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
-RUN useradd --create-home --uid 1000 web && python3 -m venv /opt/venv
+RUN groupadd --gid 1002 web && useradd --create-home --uid 1002 --gid 1002 web && python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 COPY docker/install-requirements.sh /opt/build/
 RUN --mount=type=cache,id=omni-wheels,target=/wheels --mount=type=secret,id=pip_ca \
@@ -40,7 +40,7 @@ WORKDIR /app
 COPY web/server.py web/server.py
 COPY --from=build /web/dist web/dist
 ENV PYTHONUNBUFFERED=1
-USER web
+USER 1002:1002
 EXPOSE 8080
 HEALTHCHECK --interval=10s --timeout=3s \
     CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/health', timeout=2)"

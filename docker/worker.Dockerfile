@@ -32,7 +32,9 @@ RUN if [ -n "$EXTRAS" ]; then \
         && rm -rf /var/lib/apt/lists/*; \
     fi
 
-RUN useradd --create-home --uid 1000 omni && python3 -m venv /opt/venv
+# uid 1000, the agent image's user is 1001: in the Kubernetes pod the two share a process
+# namespace, and different users keep each out of the other's /proc (deploy/k8s/omni-agent.yaml).
+RUN groupadd --gid 1000 omni && useradd --create-home --uid 1000 --gid 1000 omni && python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 COPY docker/install-requirements.sh docker/requirements.py /opt/build/
 WORKDIR /app
@@ -58,8 +60,10 @@ ENV HF_HOME=/models \
     OMNI_HOST=0.0.0.0 \
     OMNI_PORT=8000 \
     PYTHONUNBUFFERED=1
-RUN mkdir -p /models && chown omni /models
-USER omni
+# /cache: where the Kubernetes pod puts OMNI_CACHE_DIR (its own volume; /models is read-only there)
+RUN mkdir -p /models /cache && chown omni:omni /models /cache
+# Numeric, so that a kubelet can check runAsNonRoot against it.
+USER 1000:1000
 EXPOSE 8000
 
 # 503 while the model loads and warms up (minutes for real weights), 200 when ready.

@@ -81,7 +81,7 @@ def ensure_livekit_sip() -> None:
 
 
 def provision_phone_line(livekit_url: str, agent_name: str) -> None:
-    from scripts.sip_provision import http_url, provision_at, refuse_rule_request, rule_request, trunk_request
+    from deploy.sip.provision import http_url, provision_at, refuse_rule_request, rule_request, trunk_request
 
     done = asyncio.run(provision_at(http_url(livekit_url), DEV_API_KEY, DEV_API_SECRET,
                                     trunk=trunk_request(allowed_addresses=["127.0.0.1/32"]),

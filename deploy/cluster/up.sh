@@ -48,7 +48,7 @@ for port in 6443 10250 23790 23800 4443; do
 done
 
 mkdir -p "$STATE" "$RUN" "$LOGS" "$PKI" "$CONF"
-# The omni-models volume (overlay/models-pv.yaml): the images run as uid 1000 (docker/*.Dockerfile).
+# The omni-models volume (overlay/models-pv.yaml): the worker image's uid 1000 (docker/worker.Dockerfile).
 mkdir -p "$STATE/models"
 chown 1000:1000 "$STATE/models"
 : >"$RUN/pids"

@@ -518,7 +518,7 @@ def main() -> int:
             for part in IMAGES:
                 with report.step(f"build {part} image"):
                     build_image(part, args.base_image, args.pip_ca, log_dir)
-        for part, image in IMAGES.items():
+        for image in IMAGES.values():
             report.fact(f"image {image}: {image_size_gb(image):.2f} GB")
         with report.step("the agent image has no torch"):
             found = podman("run", "--rm", IMAGES["agent"], "python", "-c",

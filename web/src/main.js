@@ -9,6 +9,9 @@ import { RemoteAudioStats } from './remote-audio.js';
 import { TRACK_ID_ATTRIBUTE, TRANSCRIPTION_TOPIC, Transcript } from './transcript.js';
 
 const AGENT_STATE_ATTRIBUTE = 'lk.agent.state'; // set by livekit-agents on the agent participant
+// set by our agent (agent/vision.py): its AGENT_VISION setting and what it watches now
+const VISION_ATTRIBUTE = 'omni.vision';
+const WATCHING_ATTRIBUTE = 'omni.vision.watching';
 // Our agent's own events (agent/room_events.py): what its VAD hears, one `turn` per reply.
 const AGENT_EVENTS_TOPIC = 'omni.agent.events';
 const KEPT_AGENT_EVENTS = 100;
@@ -19,6 +22,12 @@ const ui = {
   connect: document.getElementById('connect'),
   disconnect: document.getElementById('disconnect'),
   mute: document.getElementById('mute'),
+  camera: document.getElementById('camera'),
+  screen: document.getElementById('screen'),
+  vision: document.getElementById('vision'),
+  preview: document.getElementById('preview'),
+  frameSign: document.getElementById('frame-sign'),
+  agentVision: document.getElementById('agent-vision'),
   micLevel: document.getElementById('mic-level'),
   micState: document.getElementById('mic-state'),
   replies: document.querySelector('#replies tbody'),
@@ -58,6 +67,9 @@ const state = {
   // speculative, interrupted}; times null when the agent did not measure them
   replies: [],
   agentEvents: [], // the latest KEPT_AGENT_EVENTS, oldest first
+  // video: whether the token lets us publish it; camera/screen: published; the agent's
+  // setting and what it watches (its attributes); frames: how many it took with our turns
+  vision: { allowed: false, camera: false, screen: false, agent: null, watching: null, frames: 0 },
 };
 window.omniAgent = state;
 
@@ -74,6 +86,8 @@ const transcript = new Transcript((lines) => {
 ui.connect.addEventListener('click', () => connect());
 ui.disconnect.addEventListener('click', () => disconnect());
 ui.mute.addEventListener('click', () => toggleMute());
+ui.camera.addEventListener('click', () => toggleVideo('camera'));
+ui.screen.addEventListener('click', () => toggleVideo('screen'));
 ui.enableAudio.addEventListener('click', async () => {
   await room?.startAudio();
   ui.enableAudio.hidden = room ? room.canPlaybackAudio : true;
@@ -89,6 +103,7 @@ async function connect() {
     const details = await fetchToken();
     state.room = details.room;
     state.identity = details.identity;
+    state.vision = { ...state.vision, allowed: Boolean(details.video) };
     ui.roomName.textContent = details.room;
 
     room = createRoom();
@@ -104,6 +119,7 @@ async function connect() {
     // Called inside the click handler, so the browser allows audio playback.
     await room.startAudio();
     await enableMicrophone();
+    renderVision();
     watchForAgent();
     statsTimer = setInterval(pollRemoteAudio, STATS_INTERVAL_MS);
   } catch (error) {
@@ -129,6 +145,54 @@ function clearCall() {
   renderMicrophone();
   ui.userState.textContent = '–';
   ui.lastTurn.textContent = '–';
+  state.vision = { allowed: false, camera: false, screen: false, agent: null, watching: null, frames: 0 };
+  renderVision();
+}
+
+// The camera or the screen, on or off. The agent watches a screen share before the camera.
+async function toggleVideo(kind) {
+  if (!room) return;
+  const on = !state.vision[kind];
+  try {
+    if (kind === 'camera') await room.localParticipant.setCameraEnabled(on);
+    else await room.localParticipant.setScreenShareEnabled(on);
+  } catch (error) {
+    const what = kind === 'camera' ? 'the camera' : 'screen sharing';
+    showError(`Could not ${on ? 'start' : 'stop'} ${what}: ${error.message}`);
+    return;
+  }
+  state.vision = { ...state.vision, [kind]: on };
+  renderVision();
+}
+
+// A small preview of what the agent may see: the screen share, else the camera.
+function renderVision() {
+  const { allowed, camera, screen, agent, watching, frames } = state.vision;
+  const connected = Boolean(room);
+  for (const [button, on, label] of [[ui.camera, camera, 'Camera'], [ui.screen, screen, 'Share screen']]) {
+    button.hidden = !allowed;
+    button.disabled = !connected;
+    button.setAttribute('aria-pressed', String(on));
+    button.textContent = on ? `Stop ${label.toLowerCase()}` : label;
+  }
+  const source = screen ? Track.Source.ScreenShare : camera ? Track.Source.Camera : null;
+  const track = source && room ? room.localParticipant.getTrackPublication(source)?.track : null;
+  if (track) track.attach(ui.preview);
+  else ui.preview.srcObject = null;
+  ui.vision.hidden = !track;
+  ui.agentVision.textContent = agent == null ? '–'
+    : agent === 'off' ? 'nothing (vision off)'
+    : `${watching ?? 'none'}${frames ? `, ${frames} frame${frames === 1 ? '' : 's'} taken` : ''}`;
+}
+
+// The agent took a frame with your turn: a visible sign for a moment.
+function frameTaken(event) {
+  state.vision = { ...state.vision, frames: state.vision.frames + (event.frames ?? 1) };
+  ui.frameSign.hidden = false;
+  ui.frameSign.classList.remove('fresh');
+  void ui.frameSign.offsetWidth; // restart the animation
+  ui.frameSign.classList.add('fresh');
+  renderVision();
 }
 
 async function toggleMute() {
@@ -163,10 +227,12 @@ function requireMicrophoneSupport() {
 }
 
 async function fetchToken() {
-  // The page's own ?room=...&identity=... pass through to the token endpoint.
+  // The server picks the room and the identity. A link the operator signed for a room (and
+  // maybe an identity) carries room, identity, expires and sig: they pass through as they are,
+  // and the server checks them; a plain ?room= is refused with the reason, which is shown.
   const url = new URL('token', window.location.href);
   const pageParams = new URLSearchParams(window.location.search);
-  for (const name of ['room', 'identity']) {
+  for (const name of ['room', 'identity', 'expires', 'sig']) {
     if (pageParams.get(name)) url.searchParams.set(name, pageParams.get(name));
   }
   let response;
@@ -269,6 +335,12 @@ function updateAgent() {
   state.agentState = agent ? (agent.attributes[AGENT_STATE_ATTRIBUTE] ?? 'joined') : null;
   if (agent) showWarning(null);
   ui.agentState.textContent = agent ? `${agent.identity}: ${state.agentState}` : 'not in the room';
+  state.vision = {
+    ...state.vision,
+    agent: agent?.attributes[VISION_ATTRIBUTE] ?? (agent ? 'off' : null),
+    watching: agent?.attributes[WATCHING_ATTRIBUTE] ?? null,
+  };
+  renderVision();
 }
 
 function onAgentEvent(payload) {
@@ -282,6 +354,8 @@ function onAgentEvent(payload) {
   state.agentEvents = [...state.agentEvents, event].slice(-KEPT_AGENT_EVENTS);
   if (event.type === 'user_state') {
     ui.userState.textContent = event.state;
+  } else if (event.type === 'vision_frame') {
+    frameTaken(event);
   } else if (event.type === 'user_turn') {
     transcript.markUserTurn();
   } else if (event.type === 'turn') {
@@ -359,6 +433,8 @@ async function teardown() {
   updateAgent();
   state.microphone = { enabled: false, muted: false, level: 0 };
   renderMicrophone();
+  state.vision = { ...state.vision, camera: false, screen: false };
+  renderVision();
 }
 
 function setStatus(status) {

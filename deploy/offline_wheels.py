@@ -3,7 +3,7 @@
 
 Run where PyPI is reachable. Give the target's Python version, platform and `pip freeze`:
 
-    python scripts/offline_wheels.py --python-version 3.12 --platform manylinux_2_39_x86_64 \\
+    python deploy/offline_wheels.py --python-version 3.12 --platform manylinux_2_39_x86_64 \\
         --freeze target-freeze.txt --split-mb 60 --out offline/ 'vllm==0.26.*' 'vllm-omni==0.26.*'
 
 1. pip plans an install onto the target (`pip install --dry-run --report`, binary wheels

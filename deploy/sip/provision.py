@@ -2,22 +2,26 @@
 livekit-api (LiveKit's SIP API, served by the LiveKit server once its SIP service is attached
 through Redis).
 
-Two rules: the trunk's own (each caller in a room of their own, the agent dispatched there),
-and a catch-all for calls that no trunk accepts (`refuse-rule.json`). Without it LiveKit sends
-such a call 180 Ringing and then nothing, on purpose (SIP scanners learn nothing), so the
-caller's phone rings until it gives up by itself; with it the call goes to a room of its own,
-the agent logs one line naming the caller, the number called and the reason, and deletes the
-room, and LiveKit SIP answers the phone `486 Busy Here` (agent/phone.py, `refuse_call`).
-`--no-refuse-rule` keeps LiveKit's silent drop.
+The trunk's own rule (each caller in a room of their own, the agent dispatched there), and on
+request (`--refuse-rule`) a catch-all for calls that no trunk accepts (`refuse-rule.json`).
+Without it LiveKit sends such a call 180 Ringing and then nothing, on purpose (SIP scanners
+learn nothing, and a flood of INVITEs costs LiveKit next to nothing), so a misdialled caller's
+phone rings until it gives up by itself; with it the call goes to a room of its own, the agent
+logs one line naming the caller, the number called and the reason, and deletes the room, and
+LiveKit SIP answers the phone `486 Busy Here` (agent/phone.py, `refuse_call`). But then every
+INVITE from anyone on the internet becomes a room on the LiveKit server and an offer to the
+agent (which refuses at most AGENT_SIP_REFUSALS_PER_S a second; docs/sip.md), so it is off
+unless asked for: worth it where the SIP port only hears the provider (a firewall), or on a
+private network.
 
-    python -m scripts.sip_provision                      # LIVEKIT_URL / LIVEKIT_API_KEY / LIVEKIT_API_SECRET
-    python -m scripts.sip_provision --replace            # delete trunks and rules of the same names first
-    python -m scripts.sip_provision --allowed-address 127.0.0.1/32   # local phones instead of the provider's
-    python -m scripts.sip_provision --no-refuse-rule     # calls no trunk accepts: LiveKit's silent drop
+    python -m deploy.sip.provision                      # LIVEKIT_URL / LIVEKIT_API_KEY / LIVEKIT_API_SECRET
+    python -m deploy.sip.provision --replace            # delete trunks and rules of the same names first
+    python -m deploy.sip.provision --allowed-address 127.0.0.1/32   # local phones instead of the provider's
+    python -m deploy.sip.provision --refuse-rule        # calls no trunk accepts: a busy, from the agent
 
-`scripts/dev --sip` and the phone tests call `provision()` with the loopback overrides: the
-trunk accepts calls from 127.0.0.1 for the trunk's number, and the rule dispatches the named
-agent into each caller's room. Prints the ids it created.
+`scripts/dev --sip` and the phone tests call `provision()` with the loopback overrides and the
+refuse rule: the trunk accepts calls from 127.0.0.1 for the trunk's number, the rule dispatches
+the named agent into each caller's room, and other calls get a busy. Prints the ids it created.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,11 +39,11 @@ from google.protobuf import json_format
 from livekit import api
 from livekit.protocol import sip
 
-from scripts.stack import REPO
 
-TRUNK_FILE = REPO / "deploy" / "sip" / "inbound-trunk.json"
-RULE_FILE = REPO / "deploy" / "sip" / "dispatch-rule.json"
-REFUSE_RULE_FILE = REPO / "deploy" / "sip" / "refuse-rule.json"
+HERE = Path(__file__).resolve().parent  # deploy/sip/: the trunk and the rules beside this file
+TRUNK_FILE = HERE / "inbound-trunk.json"
+RULE_FILE = HERE / "dispatch-rule.json"
+REFUSE_RULE_FILE = HERE / "refuse-rule.json"
 
 
 @dataclass
@@ -97,16 +102,17 @@ def refuse_rule_request(path: Path = REFUSE_RULE_FILE, *,
 async def provision(lk: api.LiveKitAPI, *, trunk: sip.CreateSIPInboundTrunkRequest,
                     rule: sip.CreateSIPDispatchRuleRequest,
                     refuse_rule: sip.CreateSIPDispatchRuleRequest | None = None,
-                    replace: bool = False) -> Provisioned:
+                    retired_rules: Collection[str] = (), replace: bool = False) -> Provisioned:
     """Create the trunk, then the rule bound to it, then `refuse_rule` (the catch-all) if given.
     `replace`: first delete the trunks and rules that carry the same names (so running it again
-    does not leave two that match a call)."""
+    does not leave two that match a call), and the rules named in `retired_rules` (a catch-all
+    an earlier run created and this one does not want)."""
     if replace:
         trunks = await lk.sip.list_inbound_trunk(sip.ListSIPInboundTrunkRequest())
         for old in trunks.items:
             if old.name == trunk.trunk.name:
                 await lk.sip.delete_trunk(sip.DeleteSIPTrunkRequest(sip_trunk_id=old.sip_trunk_id))
-        names = {rule.dispatch_rule.name} | ({refuse_rule.dispatch_rule.name} if refuse_rule else set())
+        names = {rule.dispatch_rule.name, *retired_rules} | ({refuse_rule.dispatch_rule.name} if refuse_rule else set())
         rules = await lk.sip.list_dispatch_rule(sip.ListSIPDispatchRuleRequest())
         for old_rule in rules.items:
             if old_rule.name in names:
@@ -135,8 +141,8 @@ def http_url(livekit_url: str) -> str:
     return livekit_url.replace("wss://", "https://", 1).replace("ws://", "http://", 1)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(prog="python -m scripts.sip_provision", description=__doc__,
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m deploy.sip.provision", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trunk", type=Path, default=TRUNK_FILE, help="CreateSIPInboundTrunkRequest as JSON")
     p.add_argument("--rule", type=Path, default=RULE_FILE, help="CreateSIPDispatchRuleRequest as JSON")
@@ -144,29 +150,41 @@ def main() -> int:
                    help="accept calls from this address or CIDR only (repeat; replaces the file's)")
     p.add_argument("--number", action="append", dest="numbers", help="the trunk's number (repeat; replaces the file's)")
     p.add_argument("--agent-name", help="the agent dispatched into each caller's room (replaces the file's)")
-    p.add_argument("--refuse-rule", type=Path, default=REFUSE_RULE_FILE,
-                   help="the catch-all rule that refuses calls no trunk accepts (CreateSIPDispatchRuleRequest)")
-    p.add_argument("--no-refuse-rule", action="store_true",
-                   help="no catch-all: LiveKit drops calls no trunk accepts without a final answer")
-    p.add_argument("--replace", action="store_true", help="delete trunks and rules of the same names first")
-    args = p.parse_args()
+    refuse = p.add_mutually_exclusive_group()
+    refuse.add_argument("--refuse-rule", action="store_true",
+                        help="also create the catch-all rule: calls no trunk accepts get a busy from the agent, at "
+                             "the price of a room per INVITE from anywhere (docs/sip.md)")
+    refuse.add_argument("--no-refuse-rule", dest="refuse_rule", action="store_false",
+                        help="no catch-all (the default): LiveKit drops calls no trunk accepts without a final answer")
+    p.add_argument("--refuse-rule-file", type=Path, default=REFUSE_RULE_FILE,
+                   help="the catch-all rule's request (CreateSIPDispatchRuleRequest) for --refuse-rule")
+    p.add_argument("--replace", action="store_true",
+                   help="delete trunks and rules of the same names first (the catch-all's too, also without "
+                        "--refuse-rule: one left from an earlier run would go on refusing)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     missing = [name for name in ("LIVEKIT_URL", "LIVEKIT_API_KEY", "LIVEKIT_API_SECRET") if not os.environ.get(name)]
     if missing:
-        print(f"sip_provision: set {', '.join(missing)}", file=sys.stderr)
+        print(f"deploy.sip.provision: set {', '.join(missing)}", file=sys.stderr)
         return 2
     try:
         trunk = trunk_request(args.trunk, allowed_addresses=args.allowed_addresses, numbers=args.numbers)
         rule = rule_request(args.rule, agent_name=args.agent_name)
-        refuse_rule = None if args.no_refuse_rule else refuse_rule_request(args.refuse_rule, agent_name=args.agent_name)
+        refuse_rule = refuse_rule_request(args.refuse_rule_file, agent_name=args.agent_name)
     except (OSError, ValueError, json_format.ParseError) as e:
-        print(f"sip_provision: bad request file: {e}", file=sys.stderr)
+        print(f"deploy.sip.provision: bad request file: {e}", file=sys.stderr)
         return 2
     try:
         done = asyncio.run(provision_at(http_url(os.environ["LIVEKIT_URL"]), os.environ["LIVEKIT_API_KEY"],
                                         os.environ["LIVEKIT_API_SECRET"], trunk=trunk, rule=rule,
-                                        refuse_rule=refuse_rule, replace=args.replace))
+                                        refuse_rule=refuse_rule if args.refuse_rule else None,
+                                        retired_rules=() if args.refuse_rule else (refuse_rule.dispatch_rule.name,),
+                                        replace=args.replace))
     except api.TwirpError as e:
-        print(f"sip_provision: the LiveKit server refused: {e.code}: {e.message}"
+        print(f"deploy.sip.provision: the LiveKit server refused: {e.code}: {e.message}"
               " (is its SIP service attached through Redis?)", file=sys.stderr)
         return 1
     print(f"inbound trunk {done.trunk_id} for {', '.join(done.numbers) or 'any number'}; "
