@@ -38,11 +38,11 @@ Memory, at the end of the window: RSS per job process, and USS (its own pages) a
 share of pages it shares, e.g. the forkserver's copy-on-write models): a node's memory is
 closer to the sum of PSS than to the sum of RSS.
 
-    python bench/agent_cost.py --calls 1,2,4,8 --window 40
-    python bench/agent_cost.py --calls 2 --agent-env AGENT_SPECULATIVE_REPLIES=false
-    python bench/agent_cost.py --calls 1 --py-spy /tmp/prof   # a py-spy profile of each job
-    python bench/agent_cost.py --calls 2,4 --agent-checkout /tmp/old   # another commit's agent
-    python bench/agent_cost.py --calls 1,2 --rounds 2 --window 30   # both plugins, interleaved twice
+    python -m bench.agent_cost --calls 1,2,4,8 --window 40
+    python -m bench.agent_cost --calls 2 --agent-env AGENT_SPECULATIVE_REPLIES=false
+    python -m bench.agent_cost --calls 1 --py-spy /tmp/prof   # a py-spy profile of each job
+    python -m bench.agent_cost --calls 2,4 --agent-checkout /tmp/old   # another commit's agent
+    python -m bench.agent_cost --calls 1,2 --rounds 2 --window 30   # both plugins, interleaved twice
 
 The last lines, one per plugin: `agent CPU per call, <plugin>: X % of a core, job RSS: Y MB` (at
 the largest N: job, inference and worker processes together, per call, the median over the
@@ -71,13 +71,11 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench import null_worker  # noqa: E402
-from bench.voice_to_voice import QUESTIONS, machine  # noqa: E402
-from scripts.stack import REPO, TINY_RANDOM_REPLY, Service, Stack, livekit_server, omni_worker, voice_agent  # noqa: E402
-from tests.conftest import free_port  # noqa: E402
-from tests.e2e.caller import Caller, load_wav  # noqa: E402
+from bench import null_worker
+from bench.voice_to_voice import QUESTIONS, machine
+from scripts.stack import REPO, TINY_RANDOM_REPLY, Service, Stack, livekit_server, omni_worker, voice_agent
+from tests.conftest import free_port
+from tests.e2e.caller import Caller, load_wav
 
 PAUSE_S = (1.0, 3.0)  # between the end of the agent's reply and the caller's next sentence
 REPLY_TIMEOUT_S = 60.0

@@ -1,8 +1,8 @@
 """What attention costs as a conversation grows, at Qwen2.5-Omni-7B's head shapes (GPU).
 
-    python bench/attention_window.py [--windows 512,1024,2048,4096,8192]
+    python -m bench.attention_window [--windows 512,1024,2048,4096,8192]
 
-A turn's first audio grows with the conversation (`bench/reference_gpu.py --conversation 30`):
+A turn's first audio grows with the conversation (`python -m bench.reference conversation --turns 30`):
 the new turn is prefilled as one chunk of about 100 tokens, in a CUDA graph whose attention
 window is the smallest pool window holding the whole conversation, and every decode step
 before the first audio reads the whole conversation. This times, per window, the attention
@@ -30,20 +30,16 @@ slower than cuDNN's grouped call at every window
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from gpu_timing import replay_ms  # noqa: E402  (bench/)
-from inference.engine.reference.attention import (  # noqa: E402
+from bench.gpu_timing import replay_ms
+from inference.engine.reference.attention import (
     chunk_attention_gathered, chunk_attention_in_place, decode_attention)
-from inference.engine.reference.cuda_graphs import CapturedStep, own_stream  # noqa: E402
-from inference.engine.reference.kv_pool import BatchView, KVPool  # noqa: E402
+from inference.engine.reference.cuda_graphs import CapturedStep, own_stream
+from inference.engine.reference.kv_pool import BatchView, KVPool
 
 # (name, layers, query heads, KV heads, head dim): the 7B thinker and the released talker
 MODELS = [("thinker", 28, 28, 4, 128), ("talker", 24, 12, 4, 128)]

@@ -1,6 +1,6 @@
 """The decode step's matrix products at Qwen2.5-Omni-7B shapes, one kernel choice at a time (GPU).
 
-    python bench/decode_gemm.py [--per-product]
+    python -m bench.decode_gemm [--per-product]
 
 A 7B thinker decode step takes 5.1 ms on an H200 whatever the batch (1 to 32), where reading
 its 15 GB of weights once at the card's bandwidth would take about 3.3 ms. This measures the
@@ -28,23 +28,20 @@ fastest.
 
 A layer's seven products are timed together (q, k, v, o, gate, up, down), times the layers
 (28 in the thinker, 24 in the talker), to set beside the whole decode steps' times
-(`bench/reference_gpu.py --profile-steps`).
+(`python -m bench.reference profile`).
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from gpu_timing import replay_ms  # noqa: E402  (bench/)
-from inference.engine.reference.cuda_graphs import CapturedStep, own_stream  # noqa: E402
-from inference.engine.reference.int8_matmul import int8_linear, quantize  # noqa: E402
+from bench.gpu_timing import replay_ms
+from inference.engine.reference.cuda_graphs import CapturedStep, own_stream
+from inference.engine.reference.int8_matmul import int8_linear, quantize
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
@@ -78,7 +75,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("decode_gemm.py measures GPU kernels: no CUDA device here")
     device = torch.device("cuda")
-    print(f"# python bench/decode_gemm.py {' '.join(sys.argv[1:])}  {torch.cuda.get_device_name(device)}, "
+    print(f"# python -m bench.decode_gemm {' '.join(sys.argv[1:])}  {torch.cuda.get_device_name(device)}, "
           f"torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     torch.manual_seed(0)
     if "--per-product" in sys.argv:

@@ -10,7 +10,7 @@ stamps each `response.output_audio.delta` when it arrives. Both use time.perf_co
 With `--engine null` the engine yields precomputed chunks at once: what is left is the
 gateway's own cost. Results go to stdout with the machine and the date.
 
-  python bench/gateway_latency.py --engine reference --model tiny-random --turns 10
+  python -m bench.gateway_latency --engine reference --model tiny-random --turns 10
 """
 
 from __future__ import annotations
@@ -20,23 +20,18 @@ import asyncio
 import datetime
 import os
 import platform
-import statistics
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import AsyncIterator
 
 import numpy as np
 from aiohttp import web
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from inference import engine as eng  # noqa: E402
-from inference.config import WorkerSettings  # noqa: E402
-from inference.server import Worker  # noqa: E402
-from bench.null_worker import NullEngine  # noqa: E402
-from tests.support.realtime_client import RealtimeClient, speech_like  # noqa: E402
+from inference import engine as eng
+from inference.config import WorkerSettings
+from inference.server import Worker
+from bench.null_worker import NullEngine
+from tests.support.realtime_client import RealtimeClient, speech_like
 
 
 class StampingEngine(eng.OmniEngine):

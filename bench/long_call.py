@@ -8,8 +8,8 @@ prompt tokens the model read and how many came from the prefix cache, where the 
 reading started (truncation), the reply's audio, the time from `response.create` to
 `response.done`, and the worker's RSS; then a summary.
 
-  python bench/long_call.py --turns 60
-  python bench/long_call.py --turns 40 --truncation retention_ratio=0.8
+  python -m bench.long_call --turns 60
+  python -m bench.long_call --turns 40 --truncation retention_ratio=0.8
 """
 
 from __future__ import annotations
@@ -19,17 +19,14 @@ import asyncio
 import datetime
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import psutil
 
-import psutil  # noqa: E402
-
-from tests.conftest import WorkerProcess  # noqa: E402
-from tests.support.spoken_turns import TURN_S, openai_like_client, spoken_turn  # noqa: E402
+from tests.conftest import WorkerProcess
+from tests.support.spoken_turns import TURN_S, openai_like_client, spoken_turn
 
 
 def truncation(value: str) -> str | dict:

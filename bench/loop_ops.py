@@ -1,10 +1,10 @@
 """The engine loop's eager work per step, counted on a CPU: the torch ops each loop step
 dispatches outside what a GPU replays as CUDA graphs, by the loop's phase.
 
-    python bench/loop_ops.py [--replies 32]
+    python -m bench.loop_ops [--replies 32]
 
 On an H200 at 32 steady calls a decode step takes 8.8-9.7 ms, of which launching it on the host
-is 3.1-4.0 ms (bench/reference_gpu.py's loop lines, 2026-12-04), and the loop reads each step's
+is 3.1-4.0 ms (the loop lines of `python -m bench.reference steady`, 2026-12-04), and the loop reads each step's
 results before it launches the next, so the host's launch is on the critical path. Each eager op
 costs the host a dispatch (and on a GPU a kernel launch) whatever the tensors' sizes, so the
 count per step is a measure of that launch that needs no GPU. It runs `--replies` replies at
@@ -22,28 +22,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from inference.engine.base import GenerationRequest, UserAudio, UserText  # noqa: E402
-from inference.engine.reference import core, runner, token2wav_runner  # noqa: E402
-from inference.engine.reference.engine import ReferenceEngine  # noqa: E402
+from inference.engine.base import GenerationRequest, UserAudio, UserText
+from inference.engine.reference import core, text_steps
+from inference.engine.reference.models.qwen2_5_omni import runner, token2wav_runner
+from inference.engine.reference.engine import ReferenceEngine
 
 PHASES = {core.EngineCore: ["_launch_talker_step", "_thinker_step", "_talker_start",
                             "_launch_token2wav", "_collect_audio", "_take", "_take_frames"],
-          runner.ModelRunner: ["prefill", "read"]}
+          runner.Qwen2_5Runner: ["prefill", "read"]}
 # what a GPU runs as CUDA graphs (runner.forward: the prompt chunks' and the talker start's
 # layers, graphed per length bucket there and run eagerly here at the exact length)
-GRAPHED = [(runner._ThinkerDecode, "_run"), (runner._TalkerDecode, "_run"),
-           (runner._ChunkForward, "_run"), (token2wav_runner._WindowOde, "_solve"),
-           (token2wav_runner, "mel_to_wave"), (runner, "forward")]
+GRAPHED = [(text_steps.ThinkerDecode, "_run"), (runner._TalkerDecode, "_run"),
+           (text_steps.ChunkForward, "_run"), (token2wav_runner._WindowOde, "_solve"),
+           (token2wav_runner, "mel_to_wave"), (text_steps, "forward"), (runner, "forward")]
 
 local = threading.local()
 ops = collections.defaultdict(collections.Counter)  # phase → op → count
@@ -122,7 +119,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--replies", type=int, default=32)
     args = parser.parse_args()
-    print(f"# python bench/loop_ops.py --replies {args.replies}  ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
+    print(f"# python -m bench.loop_ops --replies {args.replies}  ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
     asyncio.run(run(args.replies))
 
 

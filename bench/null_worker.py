@@ -1,11 +1,11 @@
 """An omni worker with no model: the real gateway (inference.server) over an engine that
 answers every request with a tone, for benchmarks that measure everything *but* the model.
 
-`bench/gateway_latency.py --engine null` uses the engine in its own process (unpaced: what is
+`python -m bench.gateway_latency --engine null` uses the engine in its own process (unpaced: what is
 left is the gateway's own cost); `bench/agent_cost.py` starts this as the worker its agent talks
 to (paced like a GPU, so the agent's share of a call's CPU is not mixed with a model's):
 
-    python bench/null_worker.py --port 8000 --reply-seconds 4 --rtf 0.5
+    python -m bench.null_worker --port 8000 --reply-seconds 4 --rtf 0.5
 """
 
 from __future__ import annotations
@@ -14,15 +14,12 @@ import argparse
 import asyncio
 import logging
 import sys
-from pathlib import Path
 from typing import AsyncIterator
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from inference import engine as eng  # noqa: E402
-from scripts.stack import Service  # noqa: E402
+from inference import engine as eng
+from scripts.stack import Service
 
 
 class NullEngine(eng.OmniEngine):
@@ -57,7 +54,7 @@ class NullEngine(eng.OmniEngine):
 
 def service(port: int, *, reply_seconds: float = 4.0) -> Service:
     """This worker as a part of a `scripts.stack.Stack`."""
-    return Service(name="worker", argv=[sys.executable, str(Path(__file__).resolve()), "--port", str(port),
+    return Service(name="worker", argv=[sys.executable, "-m", "bench.null_worker", "--port", str(port),
                                         "--reply-seconds", str(reply_seconds)],
                    ready_url=f"http://127.0.0.1:{port}/health", tcp_ports=(port,))
 

@@ -18,8 +18,8 @@ It starts its own stack (Redis 17479, LiveKit 17990-17992, LiveKit SIP 17160 wit
 17500-17599, the omni worker on tiny-random at 18340, the agent in start mode as `omni-agent`)
 and provisions deploy/sip/'s trunk and rule, accepting 127.0.0.1.
 
-    python bench/phone_voice_to_voice.py --calls 12
-    python bench/phone_voice_to_voice.py --calls 12 --codec PCMA --out bench/results/phone.txt
+    python -m bench.phone_voice_to_voice --calls 12
+    python -m bench.phone_voice_to_voice --calls 12 --codec PCMA --out bench/results/phone.txt
 """
 
 from __future__ import annotations
@@ -37,10 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from scripts.sip_provision import provision_at, rule_request, trunk_request  # noqa: E402
-from scripts.stack import (  # noqa: E402
+from deploy.sip.provision import provision_at, rule_request, trunk_request
+from scripts.stack import (
+    REPO,
     TINY_RANDOM_REPLY,
     Stack,
     livekit_server,
@@ -49,20 +48,48 @@ from scripts.stack import (  # noqa: E402
     redis_server,
     voice_agent,
 )
-from tests.e2e.caller import load_wav  # noqa: E402
-from tests.e2e.phone import Phone, Script  # noqa: E402
+from tests.e2e.caller import load_wav
+from tests.e2e.phone import Phone, Script
 
 QUESTIONS = ["e2e_q1_time.wav", "e2e_q2_weather.wav", "e2e_q3_recall.wav", "e2e_q4_thanks.wav"]
 REDIS, LIVEKIT, SIP, RTP, WORKER = 17479, 17990, 17160, (17500, 17599), 18340
 TRUNK_NUMBER = "+15105550100"
+DIAL = f"sip:{TRUNK_NUMBER}@127.0.0.1:{SIP}"  # what the phone calls: the trunk's number
+
+
+def start_phone_line(stack: Stack, *, worker_args: tuple[str, ...] = TINY_RANDOM_REPLY,
+                     agent_env: dict[str, str] | None = None, agent_checkout: Path = REPO) -> str:
+    """Redis, LiveKit, LiveKit SIP, the omni worker and the agent (start mode, as `omni-agent`)
+    in `stack`, and deploy/sip/'s trunk and rule provisioned; returns LiveKit's URL.
+    `agent_env` adds to (or overrides) the agent's settings here; `agent_checkout`: another
+    copy's agent (scripts/stack.py's voice_agent)."""
+    livekit_url = f"ws://127.0.0.1:{LIVEKIT}"
+    stack.start(redis_server(REDIS))
+    stack.start(livekit_server(LIVEKIT, LIVEKIT + 1, LIVEKIT + 2, redis_port=REDIS))
+    stack.start(livekit_sip(livekit_url=livekit_url, redis_port=REDIS, sip_port=SIP, rtp_ports=RTP))
+    stack.start(omni_worker(WORKER, extra_args=worker_args))
+    stack.start(voice_agent(livekit_url=livekit_url, omni_url=f"ws://127.0.0.1:{WORKER}/v1/realtime",
+                            mode="start", env={"AGENT_NAME": "omni-agent", "AGENT_GREETING": "",
+                                               "AGENT_HTTP_PORT": "18341", "AGENT_METRICS_PORT": "18342",
+                                               **(agent_env or {})},
+                            checkout=agent_checkout))
+    asyncio.run(provision_at(f"http://127.0.0.1:{LIVEKIT}", "devkey", "secret",
+                             trunk=trunk_request(allowed_addresses=["127.0.0.1/32"]),
+                             rule=rule_request(agent_name="omni-agent")))
+    return livekit_url
+
+
+def new_phone(workdir: Path, i: int, codec: str) -> Phone:
+    """The phone of call `i`: a number of its own (so its room is told from the last call's)."""
+    return Phone(workdir / f"call-{i}", number=f"+1555010{i:04d}", sip_port=17610, rtp_ports=(17612, 17615),
+                 console_port=17616, codec=codec)
 
 
 def one_call(workdir: Path, i: int, codec: str) -> tuple[float | None, str]:
-    phone = Phone(workdir / f"call-{i}", number=f"+1555010{i:04d}", sip_port=17610, rtp_ports=(17612, 17615),
-                  console_port=17616, codec=codec)
+    phone = new_phone(workdir, i, codec)
     script = Script().pause(1.5).say("question", load_wav(QUESTIONS[i % len(QUESTIONS)])).pause(4.0)
     try:
-        phone.start(script, dial=f"sip:{TRUNK_NUMBER}@127.0.0.1:{SIP}")
+        phone.start(script, dial=DIAL)
         phone.wait_call_over(script.duration + 30)
         time.sleep(0.3)
         rec = phone.recording()
@@ -96,17 +123,7 @@ def main() -> int:
     agent_samples: list[float] = []  # ms
     paths: list[float] = []  # ms: at the phone − the agent's own, call by call
     try:
-        stack.start(redis_server(REDIS))
-        stack.start(livekit_server(LIVEKIT, LIVEKIT + 1, LIVEKIT + 2, redis_port=REDIS))
-        stack.start(livekit_sip(livekit_url=f"ws://127.0.0.1:{LIVEKIT}", redis_port=REDIS, sip_port=SIP,
-                                rtp_ports=RTP))
-        stack.start(omni_worker(WORKER, extra_args=TINY_RANDOM_REPLY))
-        stack.start(voice_agent(livekit_url=f"ws://127.0.0.1:{LIVEKIT}", omni_url=f"ws://127.0.0.1:{WORKER}/v1/realtime",
-                                mode="start", env={"AGENT_NAME": "omni-agent", "AGENT_GREETING": "",
-                                                   "AGENT_HTTP_PORT": "18341", "AGENT_METRICS_PORT": "18342"}))
-        asyncio.run(provision_at(f"http://127.0.0.1:{LIVEKIT}", "devkey", "secret",
-                                 trunk=trunk_request(allowed_addresses=["127.0.0.1/32"]),
-                                 rule=rule_request(agent_name="omni-agent")))
+        start_phone_line(stack)
         agent_turns = re.compile(r"turn 1: voice-to-voice (\d+) ms")
         seen = 0
         for i in range(args.calls):

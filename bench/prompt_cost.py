@@ -1,12 +1,12 @@
 """The host's prompt work per turn as one conversation grows, counted on a CPU.
 
-    python bench/prompt_cost.py [--turns 30] [--repeats 5] [--fresh-items]
+    python -m bench.prompt_cost [--turns 30] [--repeats 5] [--fresh-items]
 
 Every request carries the whole conversation (inference/engine/base.py), so before a turn's
 prefill the engine renders the chat template, tokenizes and computes rope positions over all
 of it (`ReferenceEngine._prepare`, on a worker thread), and that time is part of the turn's
-first audio. This times `_prepare` at each turn of a conversation like bench/reference_gpu.py's
-`--conversation` (3 s of new user audio and a short reply per turn), on tiny-random: its
+first audio. This times `_prepare` at each turn of a conversation like `python -m bench.reference
+conversation`'s (3 s of new user audio and a short reply per turn), on tiny-random: its
 tokenizer is a small byte-level BPE and its template is Qwen2.5-Omni's, so the counts of
 tokens and clips are the real ones, and none of this work touches the model's weights.
 
@@ -20,19 +20,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from inference.audio import int16_to_float
+from inference.engine.base import AssistantText, GenerationRequest, UserAudio
+from inference.engine.reference.engine import ReferenceEngine
 
-from inference.audio import int16_to_float  # noqa: E402
-from inference.engine.base import AssistantText, GenerationRequest, UserAudio  # noqa: E402
-from inference.engine.reference.engine import ReferenceEngine  # noqa: E402
-
-# about as many tokens as a reply of reference_gpu.py's conversation (~22 a turn with the markup)
+# about as many tokens as a reply of the reference bench's conversation (~22 a turn with the markup)
 REPLY = "Sure, the weather stays mild with a little rain on Sunday."
 
 
@@ -91,7 +87,7 @@ def main() -> None:
     parser.add_argument("--fresh-items", action="store_true",
                         help="new engine items on every turn (each clip converted and hashed again)")
     args = parser.parse_args()
-    print(f"# python bench/prompt_cost.py --turns {args.turns} --repeats {args.repeats}"
+    print(f"# python -m bench.prompt_cost --turns {args.turns} --repeats {args.repeats}"
           f"{' --fresh-items' if args.fresh_items else ''}  "
           f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
     asyncio.run(run(args))

@@ -14,7 +14,7 @@ chunking, base64, JSON and socket I/O, and the event loop around them.
   output latency: deltas sent in real time; the endpoint writes a delta → its frame comes out
          of the generation's audio stream.
 
-  python bench/provider_cost.py --seconds 60 --latency-seconds 10
+  python -m bench.provider_cost --seconds 60 --latency-seconds 10
 """
 
 from __future__ import annotations
@@ -27,22 +27,15 @@ import json
 import os
 import platform
 import statistics
-import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 from aiohttp import web
-
-# this checkout's packages first, the plugin (provider/livekit/plugins/omni) included
-_repo = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(_repo), str(_repo / "provider")]
-
-from livekit import rtc  # noqa: E402
-from livekit.plugins.omni import RealtimeModel, RealtimeSession  # noqa: E402
-from livekit.plugins.omni.audio import APPEND_CHUNK_SAMPLES, INPUT_SAMPLE_RATE  # noqa: E402
-from tests.conftest import free_port  # noqa: E402
+from livekit import rtc
+from livekit.plugins.omni import RealtimeModel, RealtimeSession
+from livekit.plugins.omni.audio import APPEND_CHUNK_SAMPLES, INPUT_SAMPLE_RATE
+from tests.conftest import free_port
 
 ROOM_RATE = 24_000
 FRAME_SAMPLES = ROOM_RATE // 50  # 20 ms

@@ -8,36 +8,32 @@ the way the engine loop runs them: decode steps one after another, and a token2w
 flight beside them (at most one), which progresses at `--side-share` of the GPU's speed while
 decode steps run and at full speed while the loop has nothing to decode. Each caller speaks,
 waits for the reply, hears it in real time, and speaks again, calls starting staggered: the
-steady state `bench/reference_gpu.py --steady` measures on the GPU. It prints, per level,
+steady state `python -m bench.reference steady` measures on the GPU. It prints, per level,
 first audio p50/p95 and the share of replies a listener hears a gap in, and the token2wav
 batches per second and their mean size: what a policy change does to them, in seconds, before
 it costs GPU time. The GPU run decides; this says which runs are worth making.
 
-    python bench/schedule_sim.py                       # 4, 8, 16, 24, 32 calls
-    python bench/schedule_sim.py --calls 16 --urgent 0.15 --chunk-blocks 1 --ramp-chunks 0
-    python bench/schedule_sim.py --ahead-chunks 1000   # no limit on how far talkers run ahead
+    python -m bench.schedule_sim                       # 4, 8, 16, 24, 32 calls
+    python -m bench.schedule_sim --calls 16 --urgent 0.15 --chunk-blocks 1 --ramp-chunks 0
+    python -m bench.schedule_sim --ahead-chunks 1000   # no limit on how far talkers run ahead
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from inference.engine.reference import scheduler as policy  # noqa: E402
-from inference.engine.reference.core import token2wav_parts  # noqa: E402
-from inference.engine.reference.engine import LOADED_ODE_STEPS  # noqa: E402
-from inference.engine.reference.token2wav_stream import LOADED_BATCH  # noqa: E402
-from inference.engine.reference.reply import Phase  # noqa: E402
-from inference.engine.reference.scheduler import Scheduler, SlotTable  # noqa: E402
-from inference.engine.reference.token2wav_stream import (  # noqa: E402
+from inference.engine.reference import scheduler as policy
+from inference.engine.reference.core import token2wav_parts
+from inference.engine.reference.models.qwen2_5_omni.options import Qwen2_5Options
+from inference.engine.reference.models.qwen2_5_omni.token2wav_stream import LOADED_BATCH
+from inference.engine.reference.reply import Phase
+from inference.engine.reference.scheduler import Scheduler, SlotTable
+from inference.engine.reference.models.qwen2_5_omni.token2wav_stream import (
     ChunkPlan, StreamingToken2Wav, Token2WavShape,
 )
 
@@ -291,7 +287,9 @@ def main() -> None:
                         help="how fast a token2wav batch runs beside decode steps (share of alone)")
     parser.add_argument("--chunk-blocks", type=int, default=2)
     parser.add_argument("--ramp-chunks", type=int, default=2)
-    parser.add_argument("--loaded-ode-steps", type=int, default=LOADED_ODE_STEPS,
+    # the chunk plan simulated is the fast preset's on a GPU (5 ODE steps, 3 for a first chunk)
+    fast = Qwen2_5Options().with_preset("fast", cuda=True)
+    parser.add_argument("--loaded-ode-steps", type=int, default=fast.loaded_ode_steps,
                         help="a loaded token2wav batch's ODE steps (0: always 5)")
     parser.add_argument("--loaded-batch", type=int, default=LOADED_BATCH)
     args = parser.parse_args()

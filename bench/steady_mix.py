@@ -1,5 +1,5 @@
-"""The steady state's rules for bench/reference_gpu.py, apart from the GPU so they can be
-tested on a CPU: call mixes (each turn's input and reply length drawn from a range), what a
+"""The steady state's rules for `python -m bench.reference steady`, apart from the GPU so they
+can be tested on a CPU: call mixes (each turn's input and reply length drawn from a range), what a
 level's replies add up to, and how many calls a GPU carries gap-free and how much audio it
 then makes.
 
@@ -64,7 +64,7 @@ class Seconds:
 class CallPattern:
     """One steady run's calls: each turn's speech and reply lengths, and the levels (calls at
     once) to run them at. Written IN/REPLY@LEVELS, e.g. "1-6/1-10@24,28" (without @LEVELS the
-    bench's --steady levels), so one engine start can measure several call patterns."""
+    bench's --levels), so one engine start can measure several call patterns."""
 
     speech: Seconds
     reply: Seconds
@@ -81,7 +81,7 @@ class CallPattern:
         except ValueError:
             raise ValueError(f"{text!r}: levels are call counts, e.g. @24,28") from None
         if not levels or min(levels) < 1:
-            raise ValueError(f"{text!r}: no levels (give @LEVELS or --steady)")
+            raise ValueError(f"{text!r}: no levels (give @LEVELS or --levels)")
         return cls(Seconds.parse(speech), Seconds.parse(reply), tuple(sorted(set(levels))))
 
     def __str__(self) -> str:

@@ -2,8 +2,8 @@
 against transformers' modules, at Qwen2.5-Omni-7B shapes (BigVGAN, 1536 channels, ×240), on
 a GPU: the audio's distance and the time of a captured vocoder call.
 
-    python bench/vocoder_kernel.py                    # batches 1, 16, 32 of 64 mel frames
-    python bench/vocoder_kernel.py --frames 88 --batches 1,8
+    python -m bench.vocoder_kernel                    # batches 1, 16, 32 of 64 mel frames
+    python -m bench.vocoder_kernel --frames 88 --batches 1,8
 
 Variants: the activations as modules or as the fused kernel, and the convolutions in float32
 or with TF32 tensor cores (cuDNN's default in PyTorch, so what the engine ran before the
@@ -23,17 +23,14 @@ import argparse
 import platform
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from inference.engine.reference.cuda_graphs import CapturedStep, own_stream  # noqa: E402
-from gpu_timing import replay_ms  # noqa: E402  (bench/)
-from inference.engine.reference.tiny import _make_vocoder_audible  # noqa: E402
-from inference.engine.reference.token2wav_runner import mel_to_wave  # noqa: E402
-from inference.engine.reference.vocoder_kernels import AntiAliasedSnake  # noqa: E402
+from inference.engine.reference.cuda_graphs import CapturedStep, own_stream
+from bench.gpu_timing import replay_ms
+from inference.engine.reference.models.qwen2_5_omni.tiny import _make_vocoder_audible
+from inference.engine.reference.models.qwen2_5_omni.token2wav_runner import mel_to_wave
+from inference.engine.reference.models.qwen2_5_omni.vocoder_kernels import AntiAliasedSnake
 
 VARIANTS = {  # name: (fused activation, TF32 convolutions)
     "modules fp32": (False, False),
@@ -77,7 +74,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
     device = torch.device("cuda")
-    print(f"# python bench/vocoder_kernel.py {' '.join(sys.argv[1:])}")
+    print(f"# python -m bench.vocoder_kernel {' '.join(sys.argv[1:])}")
     print(f"python {platform.python_version()}  torch {torch.__version__}  "
           f"gpu {torch.cuda.get_device_name(device)}  {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"cuDNN TF32 by default: {torch.backends.cudnn.allow_tf32}")

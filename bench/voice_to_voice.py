@@ -29,9 +29,9 @@ gateway over a tone at RTF 0.5: the model's time then hardly counts, and what is
 agent's and LiveKit's own latency. `--agent-checkout` runs another copy's agent (e.g. an older
 commit, `git archive REV | tar -x -C DIR`) under the same bench.
 
-    python bench/voice_to_voice.py --rounds 20
-    python bench/voice_to_voice.py --model null --rounds 10
-    python bench/voice_to_voice.py --livekit-url ws://127.0.0.1:7880 --rounds 20   # ./scripts/dev running
+    python -m bench.voice_to_voice --rounds 20
+    python -m bench.voice_to_voice --model null --rounds 10
+    python -m bench.voice_to_voice --livekit-url ws://127.0.0.1:7880 --rounds 20   # ./scripts/dev running
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ import datetime
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 import uuid
@@ -51,11 +50,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench import null_worker  # noqa: E402
-from scripts.stack import REPO, TINY_RANDOM_REPLY, Stack, livekit_server, omni_worker, voice_agent  # noqa: E402
-from tests.e2e.caller import Caller, load_wav  # noqa: E402
+from bench import null_worker
+from scripts.stack import REPO, TINY_RANDOM_REPLY, Stack, livekit_server, omni_worker, voice_agent
+from tests.e2e.caller import Caller, load_wav
 
 QUESTIONS = ["e2e_q1_time.wav", "e2e_q2_weather.wav", "e2e_q3_recall.wav", "e2e_q4_thanks.wav"]
 BARGE_IN = "e2e_stop.wav"

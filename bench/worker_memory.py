@@ -4,7 +4,7 @@ Starts `python -m inference serve` on tiny-random (the engine's own memory is th
 or without sessions), measures its resident memory, opens N sessions that each configure
 themselves and hold one committed second of user audio, and measures again.
 
-  python bench/worker_memory.py --sessions 50
+  python -m bench.worker_memory --sessions 50
 """
 
 from __future__ import annotations
@@ -14,14 +14,11 @@ import asyncio
 import datetime
 import os
 import platform
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.conftest import WorkerProcess  # noqa: E402
-from tests.support.realtime_client import RealtimeClient, speech_like  # noqa: E402
+from tests.conftest import WorkerProcess
+from tests.support.realtime_client import RealtimeClient, speech_like
 
 
 def rss_mb(pid: int) -> float:
