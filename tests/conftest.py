@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -25,6 +27,119 @@ TINY_ENGINE_ARGS = ("--engine-option", "min_audio_seconds=1.0")
 WORKER_START_TIMEOUT_S = float(os.environ.get("OMNI_TEST_WORKER_TIMEOUT", "300"))
 
 
+# --------------------------------------------------------------------------- slow tests
+#
+# `slow` tests (the long calls, the clean installs, the offline wheels' pip runs) are left out
+# of the per-commit run (`scripts/test`), which runs each long call's short variant instead;
+# `--slow` (or `-m` naming `slow`) runs them too. Under CI=true the slow tests that have no
+# short variant (`@pytest.mark.slow(ci=True)`) run all the same: CI runs every check at least
+# in its short variant (docs/testing.md).
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow", action="store_true", default=False,
+                     help="also run the tests marked slow (full long calls, clean installs, offline wheels)")
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+# Under pytest-xdist (`scripts/test` passes `-n` and `--dist loadscope`), the tests that share a
+# process run on one xdist worker, so what they share starts once: a module's tests (its
+# module-scoped workers), the modules that use each session-scoped worker, and the end-to-end
+# tests (fixed ports: one stack). (xdist's own `loadgroup` cannot be used: pytest 9 no longer
+# lets it rename tests, so its groups are ignored.)
+SHARED_WORKERS = ("omni_worker", "small_limits_worker")
+
+
+@functools.cache
+def modules_sharing_a_worker() -> dict[str, str]:
+    """Test module (path from the repository) -> the session-scoped worker it uses."""
+    users = {}
+    for module in sorted((REPO / "tests").rglob("test_*.py")):
+        text = module.read_text(errors="replace")
+        for fixture in SHARED_WORKERS:
+            if re.search(rf"\b{fixture}\b", text):
+                users[str(module.relative_to(REPO))] = fixture
+                break
+    return users
+
+
+def shared_process_scope(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    if path.startswith("tests/e2e/"):
+        return E2E_SCOPE
+    return modules_sharing_a_worker().get(path, path)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedProcessScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return shared_process_scope(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            # the end-to-end tests first, on a worker that has run nothing else (below)
+            if E2E_SCOPE in self.workqueue:
+                self.workqueue.move_to_end(E2E_SCOPE, last=False)
+            super()._assign_work_unit(node)
+
+    return SharedProcessScheduling(config, log)
+
+
+E2E_SCOPE = "e2e-stack"
+_yielded_to_e2e = False
+
+
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures (a worker it starts inherits the priority)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under xdist, an end-to-end test plays and records speech in real time (LiveKit, the
+    agent, a phone), and a test computing beside it on the other worker can starve it into a
+    gap in the audio. So the worker that runs everything else lowers its priority (and that of
+    the processes it starts) once, at its first test that is not end-to-end: the end-to-end
+    worker takes them first and starts its stack before that."""
+    global _yielded_to_e2e
+    if (os.environ.get("PYTEST_XDIST_WORKER") and not _yielded_to_e2e
+            and shared_process_scope(item.nodeid) != E2E_SCOPE):
+        _yielded_to_e2e = True
+        os.nice(10)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--slow") or "slow" in (config.getoption("markexpr") or ""):
+        return
+    kept, left_out = [], []
+    for item in items:
+        marker = item.get_closest_marker("slow")
+        if marker is None or (in_ci() and marker.kwargs.get("ci")):
+            kept.append(item)
+        else:
+            left_out.append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
+        config._omni_slow_left_out = len(left_out)
+        if hasattr(config, "workeroutput"):  # an xdist worker: the count goes to the controller
+            config.workeroutput["slow_left_out"] = len(left_out)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """xdist's controller: what a worker left out (each collects the same tests)."""
+    if left_out := getattr(node, "workeroutput", {}).get("slow_left_out"):
+        node.config._omni_slow_left_out = left_out
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    if left_out := getattr(config, "_omni_slow_left_out", 0):
+        terminalreporter.write_line(f"{left_out} slow tests not run (marked slow): scripts/test --slow runs them "
+                                    "(docs/testing.md)")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -36,7 +151,8 @@ class WorkerProcess:
 
     def __init__(self, tmp_dir: Path, *, api_key: str | None = "test-key", args: tuple[str, ...] = (),
                  env: dict[str, str] | None = None, file_limit: int | None = None,
-                 engine: str = "tiny-random", engine_args: tuple[str, ...] = TINY_ENGINE_ARGS) -> None:
+                 engine: str = "tiny-random", engine_args: tuple[str, ...] = TINY_ENGINE_ARGS,
+                 module: str = "inference") -> None:
         self.port = free_port()
         self.api_key = api_key
         self.args = args
@@ -44,6 +160,7 @@ class WorkerProcess:
         self.env = env or {}
         self.file_limit = file_limit  # RLIMIT_NOFILE, soft and hard, for the worker process
         self.engine = engine  # "tiny-random", or "scripted" where the model is beside the point
+        self.module = module  # what `python -m` runs for tiny-random: the worker's CLI, or a wrapper of it
         self.log_path = tmp_dir / f"worker-{self.port}.log"
         self.proc: subprocess.Popen | None = None
 
@@ -65,7 +182,7 @@ class WorkerProcess:
         if self.engine == "scripted":
             cmd = [sys.executable, "-m", "tests.support.scripted_worker", "serve", "--port", str(self.port), *self.args]
         else:
-            cmd = [sys.executable, "-m", "inference", "serve", "--engine", "reference", "--model", "tiny-random",
+            cmd = [sys.executable, "-m", self.module, "serve", "--engine", "reference", "--model", "tiny-random",
                    "--port", str(self.port), *self.engine_args, *self.args]
         if self.api_key:
             env["OMNI_API_KEY"] = self.api_key

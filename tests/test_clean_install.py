@@ -1,8 +1,9 @@
 """The plugin and the agent install into a clean venv without torch, and an AgentSession runs on
 the installed plugin against a real omni worker (tiny-random, from this checkout's venv).
 
-Marked `e2e`: it builds a venv and installs from PyPI (pip's cache makes later runs quick), so
-it runs in `./scripts/test` and CI, not in the quick `-m "not e2e"` loop.
+Marked `e2e` and `slow(ci=True)`: it builds a venv and installs from PyPI (pip's cache makes
+later runs quicker), so it runs in CI (CI=true) and `scripts/test --slow`, not in the per-commit
+`scripts/test` nor the quick `-m "not e2e"` loop (docs/testing.md).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import pytest
 
 from tests.conftest import REPO, WorkerProcess
 
-pytestmark = pytest.mark.e2e
+# a venv built and installed from PyPI: slow, and with no shorter way to check it, so CI runs it
+pytestmark = [pytest.mark.e2e, pytest.mark.slow(ci=True)]
 
 HEAVY = ("torch", "torchvision", "transformers", "accelerate", "xgrammar", "vllm")
 PASS_THROUGH = ("PIP_", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",

@@ -3,8 +3,9 @@
 - paths: code spans and link targets that start with a top-level entry of the repository
   (`agent/…`, `scripts/dev`, `docker-compose.yml`, …); globs (`tests/data/e2e_*.wav`) and
   braces (`inference/{protocol,server}.py`) must match at least one file;
-- commands: `./scripts/X`, `scripts/X`, `python path.py`, `omni-worker`, `python -m inference`
-  must name an executable script / a file / the worker's entry point;
+- commands: `./scripts/X`, `scripts/X`, `python path.py`, `omni-worker`, `python -m inference`,
+  `python -m bench.NAME` must name an executable script / a file / the worker's entry point / a
+  benchmark (bench/NAME.py, or the package bench/NAME/);
 - options: each `--option` on a command line must be one that command defines (in its source,
   or in livekit-agents' CLI for `agent/agent.py`); an `--option` in prose with no command in
   the same code span must be defined by one of the repository's commands.
@@ -27,7 +28,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-GENERATED = (".venv", ".tools", "web/dist", "web/node_modules")  # made by scripts/setup
+# made by scripts/setup, and Smart Turn's model by `python -m agent.smart_turn fetch`
+GENERATED = (".venv", ".tools", "web/dist", "web/node_modules", "agent/models/smart-turn-v3.2-cpu.onnx")
 TOP_LEVEL = {p.name for p in REPO.iterdir()} - {".git", ".venv", ".tools", "__pycache__", ".pytest_cache"}
 
 # program (as written in the docs) → the source file that defines its options
@@ -129,6 +131,8 @@ def program_of(line: str) -> tuple[str, list[str]] | None:
             nxt = words[i + 1]
             if nxt == "-m" and i + 2 < len(words) and words[i + 2] == "inference":
                 return "python -m inference", PROGRAM_SOURCES["python -m inference"]
+            if nxt == "-m" and i + 2 < len(words) and words[i + 2].startswith("bench."):
+                return f"python -m {words[i + 2]}", bench_sources(words[i + 2])
             if nxt.endswith(".py"):
                 return nxt.removeprefix("./"), PROGRAM_SOURCES.get(nxt.removeprefix("./"), [nxt.removeprefix("./")])
             continue
@@ -140,6 +144,16 @@ def program_of(line: str) -> tuple[str, list[str]] | None:
         if i == 0:
             break
     return None
+
+
+def bench_sources(module: str) -> list[str]:
+    """The files of a benchmark run as `python -m bench.NAME`: bench/NAME.py, or every module of
+    the package bench/NAME/ (its subcommands' options among them)."""
+    name = module.removeprefix("bench.").replace(".", "/")
+    package = REPO / "bench" / name
+    if package.is_dir():
+        return [str(p.relative_to(REPO)) for p in sorted(package.glob("*.py"))]
+    return [f"bench/{name}.py"]
 
 
 @cache
@@ -162,8 +176,8 @@ def defined_options(program: str, sources: list[str]) -> str:
 
 
 def all_program_sources() -> str:
-    files = [*REPO.glob("scripts/*"), *REPO.glob("bench/*.py"), *REPO.glob("web/*.py"),
-             *REPO.glob("deploy/*.py"), REPO / "inference" / "cli.py"]
+    files = [*REPO.glob("scripts/*"), *REPO.glob("bench/**/*.py"), *REPO.glob("web/*.py"),
+             *REPO.glob("deploy/*.py"), *REPO.glob("deploy/*/*.py"), REPO / "inference" / "cli.py"]
     return "\n".join(f.read_text() for f in files if f.is_file())
 
 
@@ -193,7 +207,11 @@ def test_every_named_command_and_option_exists(doc_path: Path) -> None:
                     problems.append(f"{option} (in `{line.strip()}`) is no option of any command here")
             continue
         program, sources = found
-        if program not in ("omni-worker", "python -m inference", "omni-agent"):
+        if program.startswith("python -m bench."):
+            if not all((REPO / s).is_file() for s in sources) or not sources:
+                problems.append(f"command {program} does not exist")
+                continue
+        elif program not in ("omni-worker", "python -m inference", "omni-agent"):
             script = REPO / program
             if not script.is_file():
                 problems.append(f"command {program} does not exist")
@@ -219,3 +237,53 @@ def test_the_checks_catch_what_they_should() -> None:
     assert not is_defined("--no-such-option", defined_options("scripts/dev", PROGRAM_SOURCES["scripts/dev"]))
     assert list(itertools.chain(expand_braces("a{b,c}d"))) == ["abd", "acd"]
     assert not compose_profile_exists("--profile no-such-profile")
+    program, sources = program_of("python -m bench.reference steady --levels 8,16")
+    assert program == "python -m bench.reference" and "bench/reference/__main__.py" in sources
+    assert is_defined("--levels", defined_options(program, sources))
+    assert not is_defined("--no-such-option", defined_options(program, sources))
+    assert program_of(".venv/bin/python -m bench.turns --score") == ("python -m bench.turns", ["bench/turns.py"])
+    assert not (REPO / program_of("python -m bench.nonesuch")[1][0]).is_file()
+
+
+# --------------------------------------------------------------------------- generated and indexed text
+
+ENGINE_DOC = REPO / "docs" / "reference-engine.md"
+ENGINE_DIR = REPO / "inference" / "engine" / "reference"
+OPTIONS_BLOCK = re.compile(r"<!-- options:begin -->\n(.*?)<!-- options:end -->", re.S)
+
+
+def test_the_options_table_is_the_generated_one() -> None:
+    """docs/reference-engine.md's options table is exactly what the option classes print, so
+    an option added, renamed or re-described in the code fails here until the docs follow."""
+    block = OPTIONS_BLOCK.search(ENGINE_DOC.read_text())
+    assert block, "docs/reference-engine.md has no <!-- options:begin --> … <!-- options:end --> block"
+    generated = subprocess.run([sys.executable, "-m", "inference.engine.reference.options_docs"], cwd=REPO,
+                               capture_output=True, text=True, timeout=120, check=True).stdout
+    assert block.group(1) == generated, (
+        "the options table in docs/reference-engine.md differs from the code; paste the output of "
+        "`.venv/bin/python -m inference.engine.reference.options_docs` between its markers")
+
+
+def test_the_engine_doc_names_modules_that_exist() -> None:
+    """The engine's doc names its modules relative to inference/engine/reference/ (`core.py`,
+    `models/qwen2_5_omni/runner.py`) and its tests by file name: each must be there."""
+    missing = []
+    for span in CODE_SPAN.findall(ENGINE_DOC.read_text()):
+        if not re.fullmatch(r"[\w/]+\.py", span) or span.split("/")[0] in TOP_LEVEL:
+            continue
+        if not any((base / span).exists() for base in (ENGINE_DIR, REPO / "tests" / "inference" / "engine")):
+            missing.append(span)
+    assert not missing, f"docs/reference-engine.md names modules that do not exist: {sorted(set(missing))}"
+
+
+RESULTS = REPO / "bench" / "results"
+RESULT_FILE = re.compile(r"`([\w.-]+\.(?:log|txt|json|md))`")
+
+
+def test_the_journal_names_every_results_file() -> None:
+    """bench/results/JOURNAL.md has an entry for every run kept in bench/results/, and every
+    file an entry names is there."""
+    named = set(RESULT_FILE.findall((RESULTS / "JOURNAL.md").read_text())) - {"DATE-MACHINE-WHAT.log"}
+    kept = {p.name for p in RESULTS.iterdir() if p.is_file()} - {"README.md", "JOURNAL.md"}
+    assert not kept - named, f"files in bench/results/ with no journal entry: {sorted(kept - named)}"
+    assert not named - kept, f"files the journal names that are not in bench/results/: {sorted(named - kept)}"

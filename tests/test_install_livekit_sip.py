@@ -5,7 +5,6 @@ builds again (here: stops, Go being off PATH) when the tarballs change."""
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 from pathlib import Path
 

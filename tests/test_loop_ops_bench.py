@@ -1,4 +1,4 @@
-"""bench/loop_ops.py counts the loop's eager ops per step by phase, leaving out what a GPU
+"""`python -m bench.loop_ops` counts the loop's eager ops per step by phase, leaving out what a GPU
 replays as CUDA graphs (in a subprocess: it patches the engine's classes)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from tests.conftest import REPO
 
 
 def test_the_loop_ops_count_leaves_the_graphed_steps_out():
-    run = subprocess.run([sys.executable, "bench/loop_ops.py", "--replies", "3"], cwd=REPO,
+    run = subprocess.run([sys.executable, "-m", "bench.loop_ops", "--replies", "3"], cwd=REPO,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     phases = {name: float(count) for name, count in

@@ -1,4 +1,4 @@
-"""scripts/offline_wheels.py, offline: planning from a freeze, splitting, and the installer it
+"""deploy/offline_wheels.py, offline: planning from a freeze, splitting, and the installer it
 writes rejoining and installing with `pip --no-index`, all on small wheels made here."""
 
 from __future__ import annotations
@@ -13,7 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from scripts import offline_wheels as ow
+from deploy import offline_wheels as ow
+
+# these run pip (against a local folder of wheels) and the installer: seconds each, so they are
+# slow; there is no shorter way to check them, so CI runs them all the same
+PIP_RUNS = pytest.mark.slow(ci=True)
 
 
 def make_wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = (), payload: bytes = b"") -> Path:
@@ -87,6 +91,7 @@ def index(tmp_path) -> Path:
     return folder
 
 
+@PIP_RUNS
 def test_bundle_plans_downloads_splits_and_installs_without_an_index(tmp_path, index):
     out, freeze = tmp_path / "bundle", tmp_path / "freeze.txt"
     freeze.write_text("omni-test-lib==1.2\nsomething-else==3.0\n")
@@ -113,6 +118,7 @@ def test_bundle_plans_downloads_splits_and_installs_without_an_index(tmp_path, i
     assert check.stdout.split() == ["1.0", "300000"], check.stderr
 
 
+@PIP_RUNS
 def test_a_version_the_requirements_refuse_is_replaced_and_others_are_kept(tmp_path, index, capsys):
     """The target has lib 0.9 (app needs >=1) and big 0.1: lib is planned at 1.2, big is not."""
     make_wheel(index, "omni-test-lib", "0.9")
@@ -127,6 +133,7 @@ def test_a_version_the_requirements_refuse_is_replaced_and_others_are_kept(tmp_p
     assert not (tmp_path / "b").exists()
 
 
+@PIP_RUNS
 def test_the_installer_refuses_a_damaged_part(tmp_path, index):
     out = tmp_path / "bundle"
     assert ow.main(["--python-version", f"{sys.version_info.major}.{sys.version_info.minor}",
@@ -143,6 +150,7 @@ def test_the_installer_refuses_a_damaged_part(tmp_path, index):
     assert not (tmp_path / "site").exists()
 
 
+@PIP_RUNS
 def test_the_installer_checks_dependencies_against_the_environment(tmp_path, index):
     """Without NO_DEPS, a dependency the target lacks fails the install instead of reaching out."""
     out, freeze = tmp_path / "bundle", tmp_path / "freeze.txt"

@@ -1,18 +1,14 @@
 """bench/steady_mix.py: the steady state's call mixes and the rule that turns its levels into
-`calls per GPU (steady, gap-free)` and `gap-free audio per GPU` (bench/reference_gpu.py)."""
+`calls per GPU (steady, gap-free)` and `gap-free audio per GPU` (`python -m bench.reference steady`)."""
 
 from __future__ import annotations
 
 import math
-import sys
 
 import pytest
 
-from tests.conftest import REPO
-
-sys.path.insert(0, str(REPO / "bench"))
-import steady_mix  # noqa: E402
-from steady_mix import CallPattern, Level, Seconds, steady_capacity, turn_lengths  # noqa: E402
+from bench import steady_mix
+from bench.steady_mix import CallPattern, Level, Seconds, steady_capacity, turn_lengths
 
 
 def reply(first=0.3, stall=0.0, audio=4.0) -> dict:
@@ -117,7 +113,7 @@ def test_each_steady_reply_gets_its_drawn_length(model):
 
     import torch
 
-    import reference_gpu as bench
+    from bench.reference import harness as bench
     from inference.engine.reference.models import family_for
 
     async def replies() -> list[float]:

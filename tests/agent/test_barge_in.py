@@ -100,6 +100,20 @@ async def test_the_rule_the_speculative_trigger_asks_agrees_with_the_gate() -> N
     assert [sound.speech_s for sound in ignored] == [0.2, 0.39]
 
 
+async def test_the_turn_detector_hears_whether_the_caller_is_barging_in() -> None:
+    """`barging_in` (the turn detector answers such a turn after its minimum delay): from the
+    start of speech over a reply, until a short sound turns out to be one; not between replies."""
+    session, gate, _ = gate_and_session()
+    seen = []
+    session.on("user_state_changed", lambda ev: seen.append(gate.barging_in))
+    session.current_speech = Reply()
+    session.user_speaks(1.2)  # a barge-in
+    session.user_speaks(0.2)  # a cough
+    session.current_speech = None
+    session.user_speaks(1.2)  # a question between replies
+    assert seen == [True, True, True, False, False, False]
+
+
 async def test_a_short_answer_between_replies_is_a_turn() -> None:
     session, ignored = gated_session()
     for finished_reply in (None, Reply(finished=True), Reply(interrupted=True)):

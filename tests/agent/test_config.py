@@ -104,3 +104,28 @@ def test_the_model_plugin_can_be_livekits_own(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("AGENT_REALTIME_PLUGIN", "openai")
     with pytest.raises(ValidationError, match="AGENT_REALTIME_PLUGIN"):
         AgentSettings()
+
+
+def test_the_turn_detector_and_its_wait(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # noqa: ANN001
+    s = AgentSettings()
+    assert (s.turn_detector, s.unsure_delay_s) == ("v1-mini", 1.3)
+    assert s.turn_thresholds == (0.65, 0.45, 0.01)
+    monkeypatch.setenv("AGENT_TURN_SURE_SCORE", "0.8")
+    monkeypatch.setenv("AGENT_UNSURE_DELAY_S", "1.7")
+    s = AgentSettings()
+    assert s.turn_thresholds == (0.8, 0.45, 0.01) and s.unsure_delay_s == 1.7
+    monkeypatch.setenv("AGENT_TURN_SURE_SCORE", "0.3")  # below the unsure score
+    with pytest.raises(ValidationError, match="AGENT_TURN_UNLIKELY_SCORE <= AGENT_TURN_UNSURE_SCORE"):
+        AgentSettings()
+    monkeypatch.delenv("AGENT_TURN_SURE_SCORE")
+    monkeypatch.setenv("AGENT_UNSURE_DELAY_S", "3")  # above the maximum delay
+    with pytest.raises(ValidationError, match="AGENT_UNSURE_DELAY_S"):
+        AgentSettings()
+    monkeypatch.delenv("AGENT_UNSURE_DELAY_S")
+    # Smart Turn needs its model file: a missing one is named, with the command that fetches it
+    monkeypatch.setenv("AGENT_TURN_DETECTOR", "combined")
+    monkeypatch.setenv("AGENT_SMART_TURN_MODEL", str(tmp_path / "absent.onnx"))
+    with pytest.raises(ValidationError, match="agent.smart_turn fetch"):
+        AgentSettings()
+    with pytest.raises(ValidationError):
+        AgentSettings(AGENT_TURN_DETECTOR="semantic")

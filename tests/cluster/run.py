@@ -26,7 +26,8 @@
 8. The HorizontalPodAutoscaler (the overlay's: CPU from metrics-server) scales omni-agent out
    under calls and back in after them; its events go into the results.
 
-Writes bench/results/<date>-k8s-cluster.txt with
+Writes bench/results/<date>-k8s-cluster.txt (CI's run, deploy/cluster/ci.sh, writes
+.ci/logs/k8s-cluster.log instead: a kept result is a deliberate commit) with
 `k8s rollout: calls dropped D of N, worker kill: conversations kept K of M`.
 Exit 0 only when every check passed.
 """
@@ -43,6 +44,7 @@ import secrets
 import subprocess
 import sys
 import time
+import traceback
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
@@ -51,7 +53,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from livekit import rtc  # noqa: E402
 
 from deploy.smoke.run import Report, say  # noqa: E402
 from tests.e2e.caller import Caller, load_wav  # noqa: E402
@@ -605,7 +606,7 @@ def check_metrics(report: Report) -> None:
 
 
 def server_version() -> str:
-    with contextlib.suppress(ClusterError, ValueError, subprocess.SubprocessError):
+    with contextlib.suppress(ClusterError, ValueError, KeyError, OSError, subprocess.SubprocessError):
         return json.loads(kubectl("version", "-o", "json"))["serverVersion"]["gitVersion"]
     return "?"
 
@@ -647,48 +648,60 @@ def main() -> int:
     unknown = set(wanted) - set(CHECKS)
     if unknown:
         parser.error(f"unknown checks {sorted(unknown)}; known: {', '.join(CHECKS)}")
-    ENV = cluster_env()
-    cache = subprocess.run(["bash", "-c", f"source {REPO}/deploy/cluster/versions.sh; echo $CLUSTER_CACHE"],
-                           capture_output=True, text=True, check=True).stdout.strip()
-    KUBECTL = f"{cache}/bin/kubectl"
-    api_secret = secrets.token_hex(32)
     report = Report()
     not_run = [c for c in CHECKS if c not in wanted]
     failures: list[str] = []
     results: dict[str, tuple[int, int]] = {}
-    errors = (ClusterError, subprocess.SubprocessError, OSError, TimeoutError, asyncio.TimeoutError,
-              rtc.ConnectError)
+
+    def failed(what: str, e: BaseException) -> None:
+        # any exception, an AssertionError or a bug of this script's included: the run goes on
+        # to its results file, which names the failure
+        where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+        at = f" (at {Path(where.filename).name}:{where.lineno})" if where else ""
+        say(f"{what}: {type(e).__name__}{at}: {e}")
+        report.fact(f"FAILED {what}: {type(e).__name__}{at}: {str(e)[-1500:]}")
+        failures.append(what)
+
     try:
-        # Nothing else can pass without these.
-        deploy(report, api_secret)
-        check_token_and_call(report, api_secret)
-    except errors as e:
-        say(f"stopped: {e}")
-        failures.append("deploy, token or first call")
-        wanted = []
-    # The rest are independent: a failed one is recorded and the next still runs.
-    checks = {"spread": lambda: check_spread(report, api_secret, args.calls),
-              "rollout": lambda: results.__setitem__("rollout", check_rollout(report, api_secret)),
-              "kill": lambda: results.__setitem__("kill", check_worker_kill(report, api_secret, args.kills)),
-              "netpol": lambda: check_network_policy(report),
-              "metrics": lambda: check_metrics(report),
-              "hpa": lambda: check_hpa(report, api_secret, args.calls)}
-    for name in wanted:
         try:
-            checks[name]()
-        except errors as e:
-            say(f"{name}: {e}")
-            failures.append(name)
-    rollout, kill = results.get("rollout"), results.get("kill")
-    if rollout and rollout[0]:
-        failures.append("rollout dropped calls")
-    if kill and kill[0] != kill[1]:
-        failures.append("worker kill lost conversations")
-    verdict = "PASS" if not failures else f"FAIL ({', '.join(failures)})"
-    if not_run:
-        verdict += f" (not run: {', '.join(not_run)})"
-    report.print_summary(verdict)
-    write_results(report, verdict, rollout, kill, args.results)
+            ENV = cluster_env()
+            cache = subprocess.run(["bash", "-c", f"source {REPO}/deploy/cluster/versions.sh; echo $CLUSTER_CACHE"],
+                                   capture_output=True, text=True, check=True).stdout.strip()
+            KUBECTL = f"{cache}/bin/kubectl"
+            api_secret = secrets.token_hex(32)
+            # Nothing else can pass without these.
+            deploy(report, api_secret)
+            check_token_and_call(report, api_secret)
+        except Exception as e:
+            failed("deploy, token or first call", e)
+            wanted = []
+        # The rest are independent: a failed one is recorded and the next still runs.
+        checks = {"spread": lambda: check_spread(report, api_secret, args.calls),
+                  "rollout": lambda: results.__setitem__("rollout", check_rollout(report, api_secret)),
+                  "kill": lambda: results.__setitem__("kill", check_worker_kill(report, api_secret, args.kills)),
+                  "netpol": lambda: check_network_policy(report),
+                  "metrics": lambda: check_metrics(report),
+                  "hpa": lambda: check_hpa(report, api_secret, args.calls)}
+        for name in wanted:
+            try:
+                checks[name]()
+            except Exception as e:
+                failed(name, e)
+    except BaseException as e:  # interrupted (Ctrl-C, SIGTERM's SystemExit): still say so in the file
+        failed("the run, interrupted", e)
+        raise
+    finally:
+        rollout, kill = results.get("rollout"), results.get("kill")
+        if rollout and rollout[0]:
+            failures.append("rollout dropped calls")
+        if kill and kill[0] != kill[1]:
+            failures.append("worker kill lost conversations")
+        verdict = "PASS" if not failures else f"FAIL ({', '.join(failures)})"
+        if not_run:
+            verdict += f" (not run: {', '.join(not_run)})"
+        with contextlib.suppress(Exception):  # the summary reads podman's version: it must not stop the file
+            report.print_summary(verdict)
+        write_results(report, verdict, rollout, kill, args.results)
     return 0 if not failures else 1
 
 

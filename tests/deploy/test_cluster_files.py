@@ -106,3 +106,44 @@ def test_images_are_the_imported_ones_and_never_pulled():
 def test_scripts_parse(script):
     result = subprocess.run(["bash", "-n", str(CLUSTER / script)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.fixture
+def offline_cluster_run(monkeypatch, tmp_path):
+    """tests/cluster/run.py's main() with the cluster taken away: every step passes but what a
+    test makes fail; returns the results file's path."""
+    results = tmp_path / "k8s-cluster.txt"
+    monkeypatch.setattr(cluster_run, "cluster_env", lambda: {})
+    monkeypatch.setattr(cluster_run, "kubectl", lambda *a, **k: (_ for _ in ()).throw(cluster_run.ClusterError("offline")))
+    monkeypatch.setattr(cluster_run.Report, "print_summary", lambda self, verdict: None)
+    for step in ("deploy", "check_token_and_call", "check_spread", "check_network_policy", "check_metrics", "check_hpa"):
+        monkeypatch.setattr(cluster_run, step, lambda *a, **k: None)
+    monkeypatch.setattr(cluster_run, "check_rollout", lambda *a, **k: (0, 2))
+    monkeypatch.setattr(cluster_run, "check_worker_kill", lambda *a, **k: (2, 2))
+    monkeypatch.setattr("sys.argv", ["run.py", "--results", str(results)])
+    return results
+
+
+def test_the_cluster_runs_results_file_is_written_when_every_check_passes(offline_cluster_run):
+    assert cluster_run.main() == 0
+    text = offline_cluster_run.read_text()
+    assert "verdict: PASS" in text
+    assert "k8s rollout: calls dropped 0 of 2, worker kill: conversations kept 2 of 2" in text
+
+
+@pytest.mark.parametrize("broken", ["deploy", "check_spread", "check_worker_kill"])
+def test_a_failed_assert_in_the_cluster_run_is_in_its_results_file(offline_cluster_run, monkeypatch, broken):
+    """An AssertionError (or any other exception) in a check ends neither the run nor the file:
+    the verdict is FAIL, the failure is named, and the checks after it still ran."""
+    def fails(*args, **kwargs):
+        assert 1 + 1 == 3, "the check's own assertion"
+
+    monkeypatch.setattr(cluster_run, broken, fails)
+    ran = []
+    monkeypatch.setattr(cluster_run, "check_hpa", lambda *a, **k: ran.append("hpa"))
+    assert cluster_run.main() == 1
+    text = offline_cluster_run.read_text()
+    assert "verdict: FAIL (" in text
+    assert "AssertionError" in text and "the check's own assertion" in text
+    # a failed deployment stops the rest (nothing can pass without it); a failed check does not
+    assert ran == ([] if broken == "deploy" else ["hpa"])

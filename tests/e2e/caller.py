@@ -44,6 +44,34 @@ def load_wav(name: str) -> np.ndarray:
         return np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
 
 
+class StillScreen:
+    """A video track that shows one picture (RGB uint8 H×W×3) over and over, as a shared screen
+    that does not change does: a frame every 1 / `fps` s."""
+
+    def __init__(self, pixels: np.ndarray, fps: float = 5.0) -> None:
+        height, width, _ = pixels.shape
+        self.source = rtc.VideoSource(width, height)
+        rgba = np.concatenate([pixels, np.full((height, width, 1), 255, np.uint8)], axis=-1)
+        self._frame = rtc.VideoFrame(width, height, rtc.VideoBufferType.RGBA, rgba.tobytes())
+        self._period = 1.0 / fps
+        self._task: asyncio.Task[None] | None = None
+
+    async def publish(self, room: rtc.Room, source: rtc.TrackSource.ValueType) -> None:
+        track = rtc.LocalVideoTrack.create_video_track("screen", self.source)
+        await room.local_participant.publish_track(track, rtc.TrackPublishOptions(source=source))
+        self._task = asyncio.create_task(self._run(), name="caller-screen")
+
+    async def _run(self) -> None:
+        while True:
+            self.source.capture_frame(self._frame)
+            await asyncio.sleep(self._period)
+
+    async def aclose(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+
 @dataclass
 class Utterance:
     started_at: float  # first sample handed to WebRTC

@@ -98,8 +98,10 @@ def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack
     try:
         stack.start(livekit_server(LIVEKIT_PORT, LIVEKIT_PORT + 1, LIVEKIT_PORT + 2))
         stack.start(omni_worker(WORKER_PORT, extra_args=TINY_RANDOM_REPLY))
+        # vision on: test_vision_room.py shares a screen; every other test, with no video
+        # track, checks that turns without pictures go as before
         stack.start(voice_agent(livekit_url=livekit_url, omni_url=f"ws://127.0.0.1:{WORKER_PORT}/v1/realtime",
-                                connect_log=connect_log))
+                                connect_log=connect_log, env={"AGENT_VISION": "camera"}))
         yield LocalStack(livekit_url=livekit_url, worker_http=f"http://127.0.0.1:{WORKER_PORT}",
                          log_dir=log_dir, processes=stack.processes, agent_connect_log=connect_log)
     finally:
@@ -183,7 +185,7 @@ def phone_stack(local_stack: LocalStack) -> Iterator[PhoneStack]:
     """Phone callers' side of the stack, next to `local_stack` (whose omni worker it shares):
     Redis, a second LiveKit server with Redis, LiveKit's SIP service on loopback, the trunk and
     the rule of deploy/sip/ (accepting 127.0.0.1), and an agent registered as `omni-agent`."""
-    from scripts.sip_provision import provision_at, refuse_rule_request, rule_request, trunk_request
+    from deploy.sip.provision import provision_at, refuse_rule_request, rule_request, trunk_request
     from scripts.stack import livekit_sip, redis_server
 
     if local_stack.processes.get("worker") is None:

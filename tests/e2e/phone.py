@@ -12,10 +12,13 @@ time it arrived, which places the two recordings on the clock:
 - the received one starts with the first RTP packet (`incoming rtp for 'audio' established`);
   LiveKit's SIP service then sends a packet every 20 ms, silence included, so both run in
   real time to the hang-up (checked: `Recording.aligned_within`).
+
+`room_of` finds the room LiveKit SIP made for a phone's call (to watch the agent's events there).
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shutil
 import socket
@@ -28,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import soxr
+from livekit import api
 
 RATE = 8000  # G.711
 # A 20 ms stretch of the received audio louder than this (RMS of int16 samples) is the agent's
@@ -103,6 +107,10 @@ class Recording:
         n = int(WINDOW_S * RATE)
         windows = samples[: len(samples) // n * n].astype(np.float32).reshape(-1, n)
         return np.sqrt((windows**2).mean(axis=1)) > VOICE_RMS
+
+    def voiced_at(self) -> list[float]:
+        """The wall-clock start of every voiced 20 ms window of what the phone heard."""
+        return [self.heard_started_at + i * WINDOW_S for i in np.flatnonzero(self.voiced(self.heard))]
 
     def heard_rms(self, start_s: float, end_s: float) -> float:
         """RMS of what the phone heard between two times of the sent time line."""
@@ -286,3 +294,17 @@ snd_path		{self.recordings}
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)
+
+
+async def room_of(livekit_url: str, number: str, timeout: float = 20.0) -> str:
+    """The room LiveKit SIP made for the call from `number` (the rule's `call-` prefix, then
+    the number)."""
+    deadline = time.monotonic() + timeout
+    async with api.LiveKitAPI(livekit_url.replace("ws://", "http://"), "devkey", "secret") as lk:
+        while time.monotonic() < deadline:
+            rooms = await lk.room.list_rooms(api.ListRoomsRequest())
+            for room in rooms.rooms:
+                if room.name.startswith("call-") and number in room.name:
+                    return room.name
+            await asyncio.sleep(0.1)
+    raise TimeoutError(f"no room for the call from {number} within {timeout:.0f} s")

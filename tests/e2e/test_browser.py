@@ -112,7 +112,7 @@ def agent_lines(state: dict) -> list[dict]:
 
 async def test_browser_user_talks_with_the_agent_and_hears_it(browser, web_page_url, local_stack, tmp_path):
     page = PageWatcher(browser, tmp_path / "failure.png", sorted(local_stack.log_dir.glob("*.log")))
-    await browser.open(f"{web_page_url}?room=browser-e2e")
+    await browser.open(web_page_url)  # the server picks the room, as for any visitor
     assert await browser.evaluate("document.body.dataset.state") == "idle"
 
     await click(browser, "connect")
@@ -176,7 +176,8 @@ async def test_browser_user_talks_with_the_agent_and_hears_it(browser, web_page_
 
     state = await page.state()
     assert state["error"] is None, await page.report("the page shows an error")
-    assert state["room"] == "browser-e2e"
+    assert state["room"].startswith("omni-")
+    assert await browser.evaluate("document.getElementById('room-name').textContent") == state["room"]
     rendered = await browser.evaluate(
         "[...document.querySelectorAll('#transcript li.agent')].map(li => li.textContent).join('\\n')"
     )
@@ -209,3 +210,19 @@ async def test_browser_shows_a_clear_error_when_livekit_is_unreachable(browser, 
     assert f"Could not connect to the LiveKit server at {no_livekit_url}" in shown
     assert await browser.evaluate("document.getElementById('error').hidden") is False
     assert await browser.evaluate("document.getElementById('connect').disabled") is False
+
+
+async def test_browser_refuses_a_crafted_link_to_another_room(browser, tmp_path):
+    """A link with ?room= and ?identity= of someone else's choosing does not put the visitor in
+    that room (nor under that name): the token endpoint refuses it and the page says why.
+    Refused before any LiveKit connection, so no LiveKit is needed."""
+    with Stack(echo=None, log_dir=tmp_path) as stack:
+        stack.start(web_page(NO_LIVEKIT_WEB_PORT, livekit_url=f"ws://127.0.0.1:{NO_LIVEKIT_PORT}"))
+        page = PageWatcher(browser, tmp_path / "failure.png", [tmp_path / "web.log"])
+        await browser.open(f"http://127.0.0.1:{NO_LIVEKIT_WEB_PORT}/?room=attacker-room&identity=victim")
+        await click(browser, "connect")
+        await page.wait_for("window.omniAgent.status === 'error'", 60, "an error")
+        shown = await browser.evaluate("document.getElementById('error').textContent")
+        state = await page.state()
+    assert "The token endpoint refused: this server picks the" in shown
+    assert state["room"] is None and state["identity"] is None

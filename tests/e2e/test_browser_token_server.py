@@ -11,10 +11,11 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from livekit import api
 
-from web.server import TokenConfig, create_app
+from web.server import TokenConfig, create_app, signed_link_query
 
 API_KEY = "test-key"
 API_SECRET = "test-secret-that-is-long-enough-for-hmac-sha256"
+LINK_SECRET = "link-secret-of-the-operator-long-enough"
 
 
 def make_config(**overrides) -> TokenConfig:
@@ -40,9 +41,9 @@ async def client_for(config: TokenConfig, page_dir: Path) -> TestClient:
 
 
 async def test_token_lets_one_participant_join_one_room(built_page):
-    client = await client_for(make_config(), built_page)
+    client = await client_for(make_config(link_secret=LINK_SECRET), built_page)
     try:
-        response = await client.get("/token", params={"room": "support-42", "identity": "alice"})
+        response = await client.get(f"/token?{signed_link_query(LINK_SECRET, 'support-42', 'alice', 600)}")
         assert response.status == 200
         assert response.headers["Cache-Control"] == "no-store"
         body = await response.json()
@@ -57,8 +58,10 @@ async def test_token_lets_one_participant_join_one_room(built_page):
     assert claims.identity == "alice"
     assert claims.video.room_join is True
     assert claims.video.room == "support-42"
-    assert claims.video.can_publish and claims.video.can_subscribe and claims.video.can_publish_data
-    assert not claims.video.room_admin and not claims.video.room_create
+    assert claims.video.can_publish and claims.video.can_subscribe
+    assert claims.video.can_publish_sources == ["microphone"]
+    assert not claims.video.can_publish_data and not claims.video.can_update_own_metadata
+    assert not claims.video.room_admin and not claims.video.room_create and not claims.video.room_list
     assert claims.room_config is None  # no explicit dispatch: agents without a name join every room
 
 
@@ -99,7 +102,7 @@ async def test_bad_names_are_refused_with_a_reason(built_page, query):
 async def test_named_agent_is_dispatched_through_the_token(built_page):
     client = await client_for(make_config(agent_name="omni-agent"), built_page)
     try:
-        body = await (await client.get("/token", params={"room": "r1"})).json()
+        body = await (await client.get("/token")).json()
     finally:
         await client.close()
     claims = api.TokenVerifier(API_KEY, API_SECRET).verify(body["token"])

@@ -6,20 +6,17 @@ from __future__ import annotations
 
 import logging
 import re
-import sys
 
 import pytest
 
+from bench.steady_mix import STEADY_FIRST_AUDIO_S, STEADY_GAPPED
 from inference import capacity
-from inference.capacity import CPU, MEASURED, OTHER_ENGINE, UNKNOWN_GPU, Capacity, capacity_for
+from inference.capacity import CPU, MEASURED, OTHER_ENGINE, UNKNOWN_GPU, capacity_for
 from inference.config import Limits, WorkerSettings
 from tests.conftest import REPO
 
-sys.path.insert(0, str(REPO / "bench"))
-from steady_mix import STEADY_FIRST_AUDIO_S, STEADY_GAPPED  # noqa: E402  (bench/: the steady rule)
 
-
-# a steady level's row as bench/reference_gpu.py prints it: calls, replies, no audio, first
+# a steady level's row as `python -m bench.reference steady` prints it: calls, replies, no audio, first
 # audio p50 and p95, the share of replies gapped
 LEVEL_ROW = re.compile(r"^\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)s\s+([\d.]+)s\s+(\d+)%", re.MULTILINE)
 
@@ -39,7 +36,7 @@ def carried_calls(log: str) -> int:
 
 def pattern_section(log: str, source: str) -> str:
     """The part of a run's log that measured the call pattern a source names ("2 s in / 8 s
-    replies"): a run may measure several patterns (--steady-pattern), each under a header of
+    replies"): a run may measure several patterns (`steady --pattern`), each under a header of
     its own; a run of one pattern is all of it."""
     sections = log.split("\n== steady state:")
     if len(sections) <= 2:
@@ -51,7 +48,7 @@ def pattern_section(log: str, source: str) -> str:
 
 
 def test_measured_rows_name_committed_runs():
-    for (gpu, family), row in MEASURED.items():
+    for (gpu, _family), row in MEASURED.items():
         runs = re.findall(r"bench/results/\S+\.log", row.source)
         assert runs and all((REPO / run).is_file() for run in runs), row
         # the run's levels of the pattern named carried that many steady calls, and its
@@ -82,6 +79,16 @@ def test_the_gpu_and_family_pick_the_row():
     assert capacity_for("reference", "cuda", "NVIDIA L4", "qwen3-omni") is UNKNOWN_GPU
     assert capacity_for("reference", "cpu", None, "qwen2.5-omni") is CPU
     assert capacity_for("vllm-omni", "cuda", "NVIDIA H200", None) is OTHER_ENGINE
+
+
+def test_qwen2_5_omni_s_unmeasured_exact_preset_gets_a_quarter_of_the_fast_figure():
+    """The rows were measured under `fast`; Qwen2.5-Omni's `exact` runs a float32 DiT with 10
+    ODE steps (several times the audio work), Qwen3-Omni's presets decode alike."""
+    exact = capacity_for("reference", "cuda", "NVIDIA H200", "qwen2.5-omni", preset="exact")
+    assert exact.calls == 10 and "exact preset not measured" in exact.source
+    assert capacity_for("reference", "cuda", "NVIDIA H200", "qwen2.5-omni", preset="fast").calls == 40
+    assert capacity_for("reference", "cuda", "NVIDIA H200", "qwen3-omni", preset="exact").calls == 24
+    assert capacity_for("reference", "cuda", "NVIDIA L4", "qwen2.5-omni", preset="exact") is UNKNOWN_GPU
 
 
 def test_an_unknown_gpu_is_given_less_than_any_measured_one():

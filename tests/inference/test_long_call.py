@@ -8,7 +8,10 @@ context (turn 9 used to fail for good with `context_length_exceeded`).
 
 from __future__ import annotations
 
+import asyncio
+import json
 import statistics
+import urllib.request
 
 import psutil
 import pytest
@@ -17,20 +20,26 @@ from tests.conftest import WorkerProcess
 from tests.support.spoken_turns import openai_like_client, spoken_turn
 
 SMALL_CONTEXT = 1024  # a few turns fill it: the tests with a chosen truncation stay short
-TURNS = 48  # on the defaults: the 4,096-token context is full from turn ~29 on
+TURNS = 48  # on the defaults: the 4,096-token context is full from turn ~29 on (`slow`)
+SHORT_TURNS = 24  # the per-commit variant, in the small context: full from turn ~8 on
 # Memory a call may add to the worker beyond its first 10 turns, while the prompt still grows
 # (the engine's buffers; measured on the 2-core VM, 2026-12-02: +10 MB over turns 10-40).
 RSS_GROWTH_LIMIT_MB = 32
-# Once the context is full the prompt's size no longer changes, and neither may memory: the
-# slope of RSS over the turns at the ceiling (18 or so), fitted by least squares, in MB a turn,
-# after taking out the largest rise from one turn to the next (`leak_slope`). Measured flat
-# (2026-12-02: 881-882 MB over turns 31-40, ±0.5 MB). A leak of one reply's audio a turn (2-5
-# s: 0.2-0.5 MB as the engine's float32, 0.13-0.32 MB as base64 PCM16) is above the limit;
-# before two leaks were fixed the slope was ~1.7 MB a turn (every finished reply with its
-# request's audio waited for a full garbage collection; the audio encoder cache kept every
-# clip). A buffer that grows once rises RSS once, at whatever turn it happens to: 4 MB at turn
-# 33 of one run on 2026-12-04 (a slope of 0.21 MB a turn with it, 0.08 without; in the next run
-# the same 4 MB came at turn 25, before the ceiling, and the slope was 0.00).
+# Once the context is full the prompt's size no longer changes, and neither may what the worker
+# holds. Counted directly (tests/support/held_buffers.py: every array, string, bytes and tensor
+# storage of 1 KB or more), the large buffers at the last turn are those two turns after the
+# first cut, give or take the few clips by which the context's count of items varies (replies
+# differ in length): a leak of anything a turn (a reply's audio, 2-5 s: 0.13-0.32 MB as base64
+# PCM16, twice that as the engine's float32; a clip kept by the encoder cache) adds one or more
+# buffers every turn, some 18 at the ceiling.
+HELD_BUFFERS_GROWTH_LIMIT = 4
+# RSS as well, for what is not one of those buffers: the slope over the turns at the ceiling,
+# fitted by least squares, in MB a turn, after taking out the largest rise from one turn to the
+# next (`leak_slope`: a buffer that grows once rises RSS once, at whatever turn it happens to).
+# Measured flat (881-882 MB over turns 31-40, ±0.5 MB); before two leaks were fixed the slope
+# was ~1.7 MB a turn (every finished reply with its request's audio waited for a full garbage
+# collection; the audio encoder cache kept every clip). A leak of one reply's audio a turn as
+# float32 (0.2-0.5 MB) is above this limit; the smaller ones are for the count above.
 RSS_CEILING_SLOPE_LIMIT_MB = 0.15
 ANSWERED = ("completed", "incomplete")
 # glibc's malloc keeps freed memory for reuse, in amounts that vary with what each turn
@@ -44,7 +53,7 @@ EXACT_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "13
 def default_worker(tmp_path_factory) -> WorkerProcess:
     """`omni-worker serve` on tiny-random with nothing but its own defaults."""
     worker = WorkerProcess(tmp_path_factory.mktemp("long-call"), api_key="long-call", engine_args=(),
-                           env=EXACT_MALLOC).start()
+                           env=EXACT_MALLOC, module="tests.support.held_buffers").start()
     yield worker
     worker.stop()
 
@@ -52,21 +61,27 @@ def default_worker(tmp_path_factory) -> WorkerProcess:
 @pytest.fixture(scope="module")
 def small_context_worker(tmp_path_factory) -> WorkerProcess:
     worker = WorkerProcess(tmp_path_factory.mktemp("small-context"), api_key="small-context", engine_args=(),
-                           args=("--engine-option", f"context_tokens={SMALL_CONTEXT}")).start()
+                           args=("--engine-option", f"context_tokens={SMALL_CONTEXT}"),
+                           module="tests.support.held_buffers").start()
     yield worker
     worker.stop()
 
 
+@pytest.mark.slow
 async def test_a_long_call_on_the_defaults_is_all_answered_with_flat_memory(default_worker):
     process = psutil.Process(default_worker.proc.pid)
     async with await openai_like_client(default_worker) as c:
         assert c.events[0]["session"]["truncation"] == "auto"
-        dones, rss_mb = [], {}
+        dones, rss_mb, held = [], {}, {}
         for turn in range(TURNS):
             dones.append(await spoken_turn(c, turn))
             # tiny-random's thinker never ends its text by itself: its 48 tokens end "incomplete"
             assert dones[-1]["status"] in ANSWERED, (turn, dones[-1]["status_details"])
             rss_mb[turn + 1] = process.memory_info().rss / 2**20
+            starts = [done["context_start_item_id"] for done in dones]
+            cut = next((t for t, start in enumerate(starts, 1) if start != starts[0]), None)
+            if turn + 1 in (TURNS, (cut or TURNS) + 2):  # the ceiling's first turn and the last
+                held[turn + 1] = await asyncio.to_thread(held_buffers, default_worker)
         errors = [e for e in c.events if e["type"] == "error"]
     assert errors == []
     # what the worker's defaults make of tiny-random: 2-5 s of sound a reply, as ./scripts/dev does
@@ -87,7 +102,40 @@ async def test_a_long_call_on_the_defaults_is_all_answered_with_flat_memory(defa
           f"turn 1 {inputs[0]}, 20 {inputs[19]}, {TURNS} {inputs[-1]}; the first items left the context at turn "
           f"{first_cut}; {slope:+.3f} MB a turn from turn {at_ceiling[0]} on")
     assert rss_mb[TURNS] - rss_mb[10] < RSS_GROWTH_LIMIT_MB
+    first, last = held[at_ceiling[0]], held[TURNS]
+    print(f"held buffers at turn {at_ceiling[0]}: {first}; at turn {TURNS}: {last}")
+    grown = sum(kind["count"] for kind in last.values()) - sum(kind["count"] for kind in first.values())
+    assert grown <= HELD_BUFFERS_GROWTH_LIMIT, (first, last)
     assert slope < RSS_CEILING_SLOPE_LIMIT_MB
+
+
+def held_buffers(worker: WorkerProcess) -> dict[str, dict[str, int]]:
+    """The worker's large buffers by kind (tests/support/held_buffers.py)."""
+    with urllib.request.urlopen(f"{worker.http_url}/test/held-buffers", timeout=300) as r:
+        return json.load(r)
+
+
+async def test_a_long_call_past_a_small_context_is_all_answered_and_holds_no_more(small_context_worker):
+    """The per-commit variant of the long call above: in a context a few turns fill, every turn
+    answered, the oldest turns leave the context, and the worker's large buffers at the last
+    turn are those of the ceiling's first turn (RSS is not checked: a dozen turns are within
+    its noise)."""
+    async with await openai_like_client(small_context_worker) as c:
+        dones, held = [], {}
+        for turn in range(SHORT_TURNS):
+            dones.append(await spoken_turn(c, turn))
+            assert dones[-1]["status"] in ANSWERED, (turn, dones[-1]["status_details"])
+            starts = [done["context_start_item_id"] for done in dones]
+            cut = next((t for t, start in enumerate(starts, 1) if start != starts[0]), None)
+            if turn + 1 in (SHORT_TURNS, (cut or SHORT_TURNS) + 2):
+                held[turn + 1] = await asyncio.to_thread(held_buffers, small_context_worker)
+        assert [e for e in c.events if e["type"] == "error"] == []
+    assert max(done["usage"]["input_tokens"] for done in dones) <= SMALL_CONTEXT - 48
+    assert cut is not None and SHORT_TURNS - (cut + 2) >= 8, cut  # turns at the ceiling
+    first, last = held[cut + 2], held[SHORT_TURNS]
+    print(f"\nheld buffers at turn {cut + 2}: {first}; at turn {SHORT_TURNS}: {last}")
+    grown = sum(kind["count"] for kind in last.values()) - sum(kind["count"] for kind in first.values())
+    assert grown <= HELD_BUFFERS_GROWTH_LIMIT, (first, last)
 
 
 def leak_slope(turns: list[int], rss: list[float]) -> float:

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 

@@ -39,6 +39,7 @@ async def test_health_and_models(omni_worker):
             models = await r.json()
     assert health["status"] == "ready" and health["engine"] == "reference" and health["model"] == "tiny-random"
     assert health["capacity"] >= 1
+    assert health["preset"] == "exact"  # the model's own computation unless --preset fast
     assert [m["id"] for m in models["data"]] == ["tiny-random"]
 
 

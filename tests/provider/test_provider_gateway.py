@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from email.utils import formatdate
 from typing import Any
 
 import aiohttp
@@ -26,6 +27,7 @@ from inference.server import Worker
 from livekit import rtc
 from livekit.agents import APIConnectOptions, llm
 from livekit.plugins.omni import RealtimeModel, RealtimeSession
+from livekit.plugins.omni.connection import MAX_RETRY_AFTER_S, retry_after_seconds
 from tests.conftest import free_port
 from tests.support.scripted_engine import ScriptedEngine
 
@@ -782,11 +784,26 @@ async def test_reconnect_replays_an_open_turn(gateway, open_session):
     assert abs(heard.size - 8000) <= 160
 
 
+async def lose_the_worker(gateway: Gateway, session: RealtimeSession) -> None:
+    """Crash the worker and wait until the session knows: what it is given next waits for the
+    new worker (the outage's rules apply to it)."""
+    await gateway.crash()
+    for _ in range(500):
+        if session._ws is None:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the session never noticed the lost connection")
+
+
 async def test_a_question_asked_while_the_worker_restarts_is_answered_once_it_is_back(gateway, open_session):
     session, rec = open_session(conn_options=APIConnectOptions(max_retry=50, retry_interval=0.05, timeout=1),
                                 reply_timeout=0.5)
     await rec.wait_received("session.updated")
-    await gateway.crash()
+    await lose_the_worker(gateway, session)
+    # the microphone streams on while nobody listens: 3 s of silence, no VAD event, then the
+    # question; the silence is trimmed as it comes (it would only lengthen the turn)
+    for frame in room_frames(3.0, value=0):
+        session.push_audio(frame)
     await speak(session, 0.5)  # the whole turn while nobody listens
     reply = asyncio.ensure_future(session.generate_reply())
     await asyncio.sleep(1.0)  # failed attempts, and longer than reply_timeout: it counts from the send
@@ -795,7 +812,33 @@ async def test_a_question_asked_while_the_worker_restarts_is_answered_once_it_is
     messages, _ = await read_generation(await asyncio.wait_for(reply, 10))
     assert messages and messages[0][1]  # answered
     [turn] = gateway.engine.requests[-1].context
-    assert abs(turn.audio.size - 8000) <= 160  # the question, as said
+    # the question, as said (its 0.5 s at the end, whole), after at most the 2 s of silence the
+    # trim lets grow before it cuts back to 1 s (the 3.5 s pushed without the trim)
+    audio = turn.audio
+    assert 8000 <= audio.size <= 2 * 16000 + 320, audio.size
+    assert np.sqrt(np.mean(audio[-8000 + 160:] ** 2)) > 0.01  # the tone's level: 1000 of 32768
+    assert np.abs(audio[:audio.size - 8000 - 160]).max(initial=0.0) < 1e-3  # before it: silence only
+
+
+async def test_a_question_longer_than_the_outage_cap_keeps_its_first_part(gateway, open_session):
+    """While the worker is away the user's audio waits in the session, up to
+    MAX_OUTAGE_INPUT_SAMPLES: a question going on past that keeps its first part, and the
+    session's memory stays bounded however long the outage."""
+    from livekit.plugins.omni.session import MAX_OUTAGE_INPUT_SAMPLES
+
+    session, rec = open_session(conn_options=APIConnectOptions(max_retry=50, retry_interval=0.05, timeout=2))
+    await rec.wait_received("session.updated")
+    await lose_the_worker(gateway, session)
+    session.user_started_speaking()  # the VAD heard the question start: none of it is trimmed
+    cap_s = MAX_OUTAGE_INPUT_SAMPLES / 16000
+    await speak(session, cap_s + 5)
+    reply = asyncio.ensure_future(session.generate_reply())
+    await gateway.start()
+    messages, _ = await read_generation(await asyncio.wait_for(reply, 20))
+    assert messages and messages[0][1]  # answered
+    [turn] = gateway.engine.requests[-1].context
+    assert abs(turn.audio.size - MAX_OUTAGE_INPUT_SAMPLES) <= 320, turn.audio.size / 16000
+    assert np.sqrt(np.mean(turn.audio ** 2)) > 0.01  # speech throughout: nothing was trimmed
 
 
 async def test_a_question_the_lost_worker_never_answered_is_asked_again():
@@ -836,6 +879,56 @@ async def test_a_question_the_lost_worker_never_answered_is_asked_again():
     finally:
         await session.aclose()
         await model.aclose()
+        await gw.stop()
+
+
+async def test_a_turn_committed_by_a_worker_that_died_before_its_item_came_back_is_replayed():
+    """The lost worker acknowledged the commit (`input_audio_buffer.committed`) and died before
+    `conversation.item.added`: the turn is in neither the copy nor the commits in flight, and
+    must still reach the new worker, under the id the lost one gave it."""
+    gw = Gateway(ScriptedEngine(words=3, step_s=0.01))
+
+    async def dying_worker(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for message in ws:
+            event = message.json()
+            if event["type"] == "input_audio_buffer.commit":
+                await ws.send_json({"type": "input_audio_buffer.committed", "event_id": "event_w1",
+                                    "previous_item_id": None, "item_id": "item_lost_turn"})
+                request.transport.abort()  # dies before its conversation.item.added
+                break
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/v1/realtime", dying_worker)
+    dying = TestServer(app, host="127.0.0.1", port=gw.port)
+    await dying.start_server()
+    model = RealtimeModel(url=gw.url, api_key=KEY, input_transcription=False,
+                          conn_options=APIConnectOptions(max_retry=50, retry_interval=0.05, timeout=1))
+    session = model.session()
+    rec = Recorder(session)
+    try:
+        await speak(session, 0.4)
+        await rec.wait_received("input_audio_buffer.committed")
+        for _ in range(500):  # the loss is reported (a recoverable error) before any retry
+            if rec.errors:
+                break
+            await asyncio.sleep(0.02)
+        assert rec.errors and rec.errors[0].recoverable
+        await dying.close()
+        await gw.start()
+        await asyncio.wait_for(rec.reconnected.wait(), 10)
+        await read_generation(await session.generate_reply())
+        [request] = gw.engine.requests
+        [turn] = request.context
+        assert turn.item_id == "item_lost_turn"
+        assert abs(turn.audio.size - 6400) <= 160  # the 0.4 s question, as said
+        assert [item.id for item in session.chat_ctx.items][0] == "item_lost_turn"
+    finally:
+        await session.aclose()
+        await model.aclose()
+        await dying.close()
         await gw.stop()
 
 
@@ -973,3 +1066,61 @@ async def test_worker_at_capacity_is_retried_until_a_slot_frees():
         await model.aclose()
         await http.close()
         await gw.stop()
+
+
+async def test_a_worker_rate_limiting_this_address_is_retried():
+    """All of an agent's sessions reach the worker from one address, so a burst of reconnections
+    can meet the worker's per-address limit (HTTP 429): that costs a retry, not the call."""
+    gw = Gateway(client_connection_burst=1, client_connections_per_s=4)
+    await gw.start()
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://127.0.0.1:{gw.port}/v1/models") as response:
+            assert response.status == 401  # counted all the same: the bucket is empty now
+    model = RealtimeModel(url=gw.url, api_key=KEY,
+                          conn_options=APIConnectOptions(max_retry=50, retry_interval=0.05, timeout=1))
+    session = model.session()
+    rec = Recorder(session)
+    try:
+        error = await _first_error(session)
+        assert error.recoverable and "HTTP 429, rate_limited" in str(error.error)
+        await rec.wait_received("session.updated")
+        assert all(e.recoverable for e in rec.errors)
+    finally:
+        await session.aclose()
+        await model.aclose()
+        await gw.stop()
+
+
+async def test_a_429s_retry_after_sets_the_next_attempt(caplog):
+    async def limiting_worker(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"code": "rate_limited"}}, status=429, headers={"Retry-After": "3"})
+
+    app = web.Application()
+    app.router.add_get("/v1/realtime", limiting_worker)
+    server = TestServer(app, host="127.0.0.1", port=free_port())
+    await server.start_server()
+    model = RealtimeModel(url=f"ws://127.0.0.1:{server.port}/v1/realtime",
+                          conn_options=APIConnectOptions(max_retry=5, retry_interval=0.05, timeout=1))
+    session = model.session()
+    try:
+        error = await _first_error(session)
+        assert error.recoverable and "retrying in 3 s as it asked" in str(error.error)
+        for _ in range(100):
+            if "reconnecting to" in caplog.text:
+                break
+            await asyncio.sleep(0.02)
+        assert "HTTP 429" in caplog.text and "in 3.0 s (attempt 1 of 5)" in caplog.text  # not the 0.05 s backoff
+    finally:
+        await session.aclose()
+        await model.aclose()
+        await server.close()
+
+
+def test_retry_after_is_read_as_seconds_or_a_date_and_bounded():
+    now = 1_800_000_000.0
+    assert retry_after_seconds("5", now=now) == 5
+    assert retry_after_seconds("86400", now=now) == MAX_RETRY_AFTER_S  # never parks a call for a day
+    assert retry_after_seconds(formatdate(now + 12, usegmt=True), now=now) == 12
+    assert retry_after_seconds(formatdate(now - 60, usegmt=True), now=now) == 0  # already past
+    for unusable in (None, "", "-3", "soon", "1.5e9", "Mon, 99 Foo 2026"):
+        assert retry_after_seconds(unusable, now=now) is None, unusable

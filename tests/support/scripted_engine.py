@@ -20,8 +20,14 @@ class ScriptedEngine(eng.OmniEngine):
     voices = ("Chelsie", "Ethan")
 
     def __init__(self, words: int = 5, samples_per_word: int = 4800, step_s: float = 0.01,
-                 tool_call: eng.ToolCallDelta | None = None) -> None:
+                 tool_call: eng.ToolCallDelta | None = None, reads_images: bool = False,
+                 image_spec: eng.ImageSpec | None = None) -> None:
         super().__init__("scripted-model")
+        # pictures: read (and counted in usage) when declared, else refused as a real engine must
+        self.reads_images = reads_images
+        if image_spec is not None:
+            self.image_spec = image_spec
+        self.cached_image_tokens = 0  # what Finished reports as cached of the pictures' tokens
         self.words, self.samples_per_word, self.step_s = words, samples_per_word, step_s
         self.tool_call = tool_call
         self.fail_after: int | None = None  # raise EngineError after this many words
@@ -45,6 +51,7 @@ class ScriptedEngine(eng.OmniEngine):
         self.requests.append(request)
         if self.refuse is not None:
             raise self.refuse
+        self.refuse_unread_media(request)
         self.active += 1
         try:
             if self.prepare_s:
@@ -53,10 +60,14 @@ class ScriptedEngine(eng.OmniEngine):
             if self.keep_items is not None and len(ids) > self.keep_items:
                 yield eng.ContextTruncated(first_item_id=ids[-self.keep_items],
                                            dropped_items=len(ids) - self.keep_items, dropped_tokens=10)
-            yield eng.PromptRead(input_tokens=10, input_audio_tokens=4)
+            kept = set(ids[-self.keep_items:]) if self.keep_items is not None else None
+            image_tokens = sum(item.tokens for item in request.context if isinstance(item, eng.UserImage)
+                               and (kept is None or item.item_id is None or item.item_id in kept))
+            yield eng.PromptRead(input_tokens=10 + image_tokens, input_audio_tokens=4, input_image_tokens=image_tokens)
             if self.tool_call and request.tools:
                 yield self.tool_call
-                yield eng.Finished(reason="tool_calls", input_tokens=10, output_text_tokens=5)
+                yield eng.Finished(reason="tool_calls", input_tokens=10 + image_tokens, output_text_tokens=5,
+                                   input_image_tokens=image_tokens)
                 return
             for i in range(self.words):
                 if i == self.fail_after:
@@ -66,7 +77,8 @@ class ScriptedEngine(eng.OmniEngine):
                 yield eng.TextDelta(f"word{i} ")
                 if "audio" in request.modalities:
                     yield eng.AudioDelta(np.full(self.samples_per_word, 0.1, np.float32))
-            yield eng.Finished(input_tokens=10, input_audio_tokens=4, output_text_tokens=self.words,
+            yield eng.Finished(input_tokens=10 + image_tokens, input_audio_tokens=4, output_text_tokens=self.words,
+                               input_image_tokens=image_tokens, cached_image_tokens=self.cached_image_tokens,
                                cached_tokens=self.cached_tokens, cached_audio_tokens=self.cached_audio_tokens,
                                output_audio_tokens=self.words * 10, timings={"queue_wait_s": 0.0})
         finally:

@@ -6,24 +6,26 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from livekit import api
 
-from web.server import TokenConfig, create_app
+from web.server import TokenConfig, create_app, signed_link_query
 
 API_KEY = "test-key"
 API_SECRET = "test-secret-that-is-long-enough-for-hmac-sha256"
+LINK_SECRET = "link-secret-of-the-operator-long-enough"
 
 
 @pytest.fixture
 async def client(tmp_path):
     config = TokenConfig(public_url="wss://livekit.example.com", api_key=API_KEY, api_secret=API_SECRET,
-                         agent_name="omni-agent")
+                         agent_name="omni-agent", link_secret=LINK_SECRET, token_burst=100)
     client = TestClient(TestServer(create_app(config, tmp_path)))
     await client.start_server()
     yield client
     await client.close()
 
 
-async def test_room_identity_and_name_from_the_request(client):
-    response = await client.post("/token", json={
+async def test_room_identity_and_name_from_the_request_with_a_signed_link(client):
+    query = signed_link_query(LINK_SECRET, "support-42", "alice", 600)
+    response = await client.post(f"/token?{query}", json={
         "room_name": "support-42", "participant_identity": "alice", "participant_name": "Alice A.",
         "room_config": {"agents": [{"agent_name": "omni-agent"}]},
     })
@@ -71,7 +73,14 @@ async def test_a_body_that_is_not_json_is_refused(client):
 
 
 async def test_get_still_serves_the_page(client):
-    response = await client.get("/token", params={"room": "r1", "identity": "bob"})
+    response = await client.get("/token")
     assert response.status == 200
     body = await response.json()
-    assert (body["room"], body["identity"]) == ("r1", "bob")
+    assert body["room"].startswith("omni-") and body["identity"].startswith("web-")
+
+
+@pytest.mark.parametrize("body", [{"room_name": "support-42"}, {"participant_identity": "alice"}])
+async def test_room_and_identity_chosen_without_the_operator_are_refused(client, body):
+    response = await client.post("/token", json=body)
+    assert response.status == 403
+    assert "this server picks the" in (await response.json())["error"]

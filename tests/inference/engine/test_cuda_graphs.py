@@ -27,17 +27,27 @@ def round_robin_pool(size: int):
 
 
 def test_an_owned_stream_is_never_handed_out_again_while_it_is_held():
-    draw = round_robin_pool(4)
+    pool = round_robin_pool(4)
+    offered: list[str] = []  # every stream the pool handed out, in order
+
+    def draw(device, priority):
+        stream = pool(device, priority)
+        offered.append(stream.cuda_stream)
+        return stream
+
     loop = own_stream("cuda", draw=draw)
     talker_capture = own_stream("cuda", draw=draw)
     for _ in range(3):  # others draw side streams: the pool comes round to the owned ones
         draw("cuda", 0)
+    before = len(offered)
     token2wav = own_stream("cuda", draw=draw)
     token2wav_capture = own_stream("cuda", draw=draw)
     handles = [s.cuda_stream for s in (loop, talker_capture, token2wav, token2wav_capture)]
     assert len(set(handles)) == 4
-    # plain draws from the pool would have come round to the loop's and the talker's streams
-    assert draw("cuda", 0).cuda_stream in handles
+    # while token2wav's streams were drawn the pool offered the talker's again (the case the
+    # rule is for), and own_stream passed over it and drew once more
+    assert talker_capture.cuda_stream in offered[before:]
+    assert len(offered) - before == 3
 
 
 def test_a_stream_is_free_again_once_its_owner_drops_it_and_a_full_pool_is_refused():

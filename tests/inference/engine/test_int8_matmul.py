@@ -16,7 +16,7 @@ import torch
 
 from inference.engine import create_engine
 from inference.engine.reference.int8_matmul import dequantize, quantize
-from tests.support.triton_interpreter import needs_triton, run_interpreted
+from tests.support.triton_interpreter import needs_triton, run_all_interpreted
 
 CHECK = """
 import json, torch
@@ -37,9 +37,17 @@ print(json.dumps(results))
 """
 
 
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory):
+    """The module's three interpreted scripts in one process (ENGINE, which patches the kernel
+    it counts, last)."""
+    return run_all_interpreted({"check": CHECK, "layers": LAYERS, "engine": ENGINE},
+                               OMNI_CACHE_DIR=str(tmp_path_factory.mktemp("int8-cache")))
+
+
 @needs_triton
-def test_the_int8_kernel_equals_the_dequantized_product():
-    results = run_interpreted(CHECK)
+def test_the_int8_kernel_equals_the_dequantized_product(interpreted):
+    results = interpreted["check"]
     assert len(results) == 5
     for shape, expected_shape, dtype, error in results[:4]:
         assert shape == expected_shape and dtype == "float32"
@@ -62,11 +70,12 @@ def test_quantization_error_is_at_most_half_a_step_per_channel():
 
 LAYERS = """
 import copy, json, os, torch
-from inference.engine.reference.compiled import compile_step, thinker_layer
+from inference.engine.reference.compiled import compile_step
 from inference.engine.reference.int8_matmul import DECODE_ROWS, add_copy, product, quantize_layers
-from inference.engine.reference.joined_layers import join_projections
+from inference.engine.reference.models.qwen2_5_omni.joined_layers import join_projections, joined_decoder_layer, thinker_layer
+from inference.engine.reference.attention import use_pool_attention
 from inference.engine.reference.kv_pool import BatchView, KVPool, forward
-from inference.engine.reference.loading import load_model
+from inference.engine.reference.models.qwen2_5_omni.loading import load_model
 
 torch.set_grad_enabled(False)
 
@@ -88,11 +97,13 @@ for layer, source in zip(exact.layers, int8.layers):
 hidden = plain.config.hidden_size
 
 def run(text_model, chunk_length, layer_step=thinker_layer):
+    use_pool_attention(text_model.config)
     pool = KVPool(text_model.config, slots=2, capacity=256, device=torch.device("cpu"), dtype=torch.float32)
     embeds = torch.randn((1, chunk_length, hidden), generator=torch.Generator().manual_seed(1))
     chunk = BatchView(pool, 1, chunk_length)
     chunk.point([1], [0])
-    out = [forward(text_model, chunk, embeds, torch.arange(chunk_length).view(1, 1, -1).expand(3, 1, -1))]
+    out = [forward(text_model, chunk, embeds, torch.arange(chunk_length).view(1, 1, -1).expand(3, 1, -1),
+                   joined_decoder_layer)]
     step = BatchView(pool, 1, 1)
     for position in range(chunk_length, chunk_length + 3):
         step.point([1], [position])
@@ -125,8 +136,8 @@ print(json.dumps({"head_vs_exact": distance(product(rows, head, "weight", head.w
 
 
 @needs_triton
-def test_int8_layers_and_lm_head_compute_with_their_int8_weights_in_decode_sized_forwards(tmp_path):
-    result = run_interpreted(LAYERS, OMNI_CACHE_DIR=str(tmp_path))
+def test_int8_layers_and_lm_head_compute_with_their_int8_weights_in_decode_sized_forwards(interpreted):
+    result = interpreted["layers"]
     assert result["int8_vs_exact"] < 1e-5  # the kernel computes with exactly the int8 values
     assert result["compiled_vs_eager"] < 1e-5
     assert 1e-5 < result["int8_vs_plain"] < 0.05  # which differ a little from the weights
@@ -137,19 +148,32 @@ def test_int8_layers_and_lm_head_compute_with_their_int8_weights_in_decode_sized
 ENGINE = """
 import asyncio, json, numpy as np
 from inference.engine import AudioDelta, Finished, GenerationRequest, UserAudio, UserText, create_engine
+from inference.engine.reference import int8_matmul
+
+# the int8 weights each one-row product read (a decode step's rows), by their shape
+one_row_weights = set()
+kernel = int8_matmul.int8_linear
+
+def counted(x, weight, *args, **kwargs):
+    if x.numel() // x.shape[-1] == 1:
+        one_row_weights.add(tuple(weight.values.shape))
+    return kernel(x, weight, *args, **kwargs)
+
+int8_matmul.int8_linear = counted
 
 async def main():
     engine = create_engine("reference", "tiny-random", seed=7, max_audio_seconds=1.0,
                            min_audio_seconds=0.5, max_new_tokens=12, int8_weights=True, warmup=False)
     await engine.start()
     runner = engine.runner
-    buffers = {"thinker_int8": hasattr(runner.thinker.model.layers[0].mlp, "down_int8"),
-               "talker_int8": hasattr(runner.talker.model.layers[0].mlp, "down_int8"),
-               "lm_head_int8": hasattr(runner.thinker.lm_head, "weight_int8")}
+    read = lambda values: tuple(values.shape) in one_row_weights
     request = GenerationRequest(request_id="int8", instructions="Answer briefly.", modalities=("text", "audio"),
                                 context=[UserAudio(np.zeros(8000, dtype=np.float32)), UserText("Hi")],
                                 max_output_tokens=12)
     deltas = [d async for d in engine.generate(request)]
+    buffers = {"thinker_int8": read(runner.thinker.model.layers[0].mlp.down_int8),
+               "talker_int8": read(runner.talker.model.layers[0].mlp.down_int8),
+               "lm_head_int8": read(runner.thinker.lm_head.weight_int8)}
     await engine.close()
     print(json.dumps({**buffers, "finished": isinstance(deltas[-1], Finished),
                       "audio": sum(len(d.audio) for d in deltas if isinstance(d, AudioDelta))}))
@@ -159,29 +183,14 @@ asyncio.run(main())
 
 
 @needs_triton
-def test_the_engine_answers_with_int8_weights(tmp_path):
-    """The thinker's and the talker's layers and the thinker's lm_head get int8 copies."""
-    result = run_interpreted(ENGINE, OMNI_CACHE_DIR=str(tmp_path))
+def test_the_engine_answers_with_int8_weights(interpreted):
+    """The decode steps of the thinker's and the talker's layers and the thinker's lm_head
+    read their int8 copies (one-row products through the kernel, by the copies' shapes)."""
+    result = interpreted["engine"]
     assert result == {"thinker_int8": True, "talker_int8": True, "lm_head_int8": True,
                       "finished": True, "audio": result["audio"]} and result["audio"] > 0
 
 
 def test_int8_weights_are_refused_for_qwen3_omni():
-    with pytest.raises(ValueError, match="Qwen2.5-Omni"):
+    with pytest.raises(ValueError, match="int8_weights.*Qwen2.5-Omni option; this model is Qwen3-Omni"):
         create_engine("reference", "tiny-random-qwen3-omni", int8_weights=True)
-
-
-@needs_triton
-def test_int8_weights_and_the_talker_stream_are_the_default_only_for_qwen2_5_on_cuda():
-    """Measured on an H200 for Qwen2.5-Omni (docs/reference-engine.md); Qwen3-Omni's are not,
-    and a CPU has no stream and runs the bfloat16 weights faster. The engine only records its
-    options here: nothing touches a GPU before `start`."""
-    on_cuda = create_engine("reference", "tiny-random", device="cuda")
-    assert on_cuda.int8_weights and on_cuda.talker_stream
-    qwen3 = create_engine("reference", "tiny-random-qwen3-omni", device="cuda")
-    assert not qwen3.int8_weights and not qwen3.talker_stream
-    on_cpu = create_engine("reference", "tiny-random", device="cpu")
-    assert not on_cpu.int8_weights and not on_cpu.talker_stream
-    chosen = create_engine("reference", "tiny-random", device="cuda", int8_weights=False,
-                           talker_stream=False)
-    assert not chosen.int8_weights and not chosen.talker_stream

@@ -7,9 +7,10 @@ import copy
 
 import torch
 
-from inference.engine.reference.joined_layers import is_joined, join_projections
+from inference.engine.reference.models.qwen2_5_omni.joined_layers import is_joined, join_projections
+from inference.engine.reference.attention import use_pool_attention
 from inference.engine.reference.kv_pool import BatchView, KVPool, forward
-from inference.engine.reference.loading import load_model
+from inference.engine.reference.models.qwen2_5_omni.loading import load_model
 
 
 def test_joined_layers_compute_what_the_modules_do(tmp_path, monkeypatch):
@@ -26,6 +27,7 @@ def test_joined_layers_compute_what_the_modules_do(tmp_path, monkeypatch):
         hidden = text_model.config.hidden_size
         states = []
         for model_ in (text_model, joined):
+            use_pool_attention(model_.config)
             pool = KVPool(model_.config, slots=2, capacity=64, device=torch.device("cpu"), dtype=torch.float32)
             embeds = torch.randn((1, 9, hidden), generator=torch.Generator().manual_seed(1))
             positions = torch.arange(9).view(1, 1, 9).expand(3, 1, 9)

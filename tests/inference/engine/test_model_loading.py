@@ -7,8 +7,8 @@ import logging
 import pytest
 import torch
 
-from inference.engine.reference.loading import load_model
-from inference.engine.reference.tiny import ensure_tiny_model
+from inference.engine.reference.models.qwen2_5_omni.loading import load_model
+from inference.engine.reference.models.qwen2_5_omni.tiny import ensure_tiny_model
 
 CPU = torch.device("cpu")
 
@@ -21,13 +21,13 @@ def test_a_model_directory_that_does_not_exist_is_named_in_the_error(model) -> N
 
 def test_weights_from_a_directory_on_the_cpu_warn(caplog) -> None:
     # the tiny checkpoint, loaded by its path, stands for real weights here
-    with caplog.at_level(logging.WARNING, logger="inference.engine.reference.loading"):
+    with caplog.at_level(logging.WARNING, logger="inference.engine.reference.models.qwen2_5_omni.loading"):
         loaded = load_model(str(ensure_tiny_model()), CPU, torch.float32)
     assert loaded.device == CPU
     assert any("on the CPU" in r.getMessage() for r in caplog.records)
 
 
 def test_tiny_random_on_the_cpu_does_not_warn(caplog) -> None:
-    with caplog.at_level(logging.WARNING, logger="inference.engine.reference.loading"):
+    with caplog.at_level(logging.WARNING, logger="inference.engine.reference.models.qwen2_5_omni.loading"):
         load_model("tiny-random", CPU, torch.float32)
     assert not any("on the CPU" in r.getMessage() for r in caplog.records)

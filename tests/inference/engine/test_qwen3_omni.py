@@ -1,10 +1,10 @@
 """Qwen3-Omni in the reference engine, on tiny-random-qwen3-omni (CPU): streamed replies equal
-to transformers' own `Qwen3OmniMoeForConditionalGeneration.generate`, the prefix cache, and
-the checkpoint layout the loader reads."""
+to transformers' own `Qwen3OmniMoeForConditionalGeneration.generate`, and the checkpoint layout
+the loader reads. The engine loop's tests (batching, the prefix cache, cancellation, …) run on
+this family too: test_reference_engine.py runs each on both tiny families."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import numpy as np
@@ -12,16 +12,15 @@ import pytest
 import pytest_asyncio
 import torch
 
-from inference.engine import create_engine
-from inference.engine.base import AudioDelta, Finished, GenerationRequest, TextDelta, UserAudio, UserText
+from inference.engine.base import AudioDelta, GenerationRequest, TextDelta, UserAudio, UserText
 from inference.engine.reference.models import family_for
-from inference.engine.reference.runner import NOISE_STEPS
 from inference.engine.reference.models.qwen3_omni.family import audio_tokens, user_positions
 from inference.engine.reference.models.qwen3_omni.tiny import ensure_tiny_model
 from inference.engine.reference.prompt import audio_features, build_prompt
 from inference.engine.reference.reply import Reply
+from tests.support.tiny_families import QWEN3, TINY_FAMILIES, greedy_talker
 
-MODEL = "tiny-random-qwen3-omni"
+MODEL = QWEN3
 asyncio_module = pytest.mark.asyncio(loop_scope="module")
 
 
@@ -39,37 +38,14 @@ def request(context=None, **fields) -> GenerationRequest:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def greedy():
+async def greedy(tiny_models):
     """Qwen3-Omni with a greedy talker (and code predictor) and a code2wav context longer than
     any reply, so streamed replies can be compared with the offline ones exactly."""
-    engine = create_engine("reference", MODEL, seed=3, max_new_tokens=12, min_audio_seconds=1.0,
-                           max_audio_seconds=2.5, warmup=False, kv_slots=4,
-                           prefill_chunk_tokens=16, code2wav_left_context=1000)
-    engine.settings = dataclasses.replace(
-        engine.settings, talker_sampling=dataclasses.replace(engine.settings.talker_sampling,
-                                                             do_sample=False))
-    await engine.start()
+    engine = await tiny_models.start(greedy_talker(TINY_FAMILIES[MODEL].create(
+        seed=3, max_new_tokens=12, min_audio_seconds=1.0, max_audio_seconds=2.5, kv_slots=4,
+        prefill_chunk_tokens=16, code2wav_left_context=1000)))
     yield engine
     await engine.close()
-
-
-@pytest.fixture
-def frames_by_request(monkeypatch) -> dict[str, list[list[int]]]:
-    """Every frame each request's talker made, and (under "tokens:<id>") its text tokens."""
-    frames: dict[str, list] = {}
-    take_frame, take_token = Reply.after_talker_frame, Reply.take_token
-
-    def record_frame(self, frame):
-        frames.setdefault(self.request.request_id, []).append(list(frame))
-        return take_frame(self, frame)
-
-    def record_token(self, token):
-        frames.setdefault("tokens:" + self.request.request_id, []).append(token)
-        return take_token(self, token)
-
-    monkeypatch.setattr(Reply, "after_talker_frame", record_frame)
-    monkeypatch.setattr(Reply, "take_token", record_token)
-    return frames
 
 
 async def collect(engine, req):
@@ -110,16 +86,24 @@ def test_user_positions_are_the_user_turns():
 
 
 @asyncio_module
-async def test_streamed_reply_equals_transformers_generate(greedy, frames_by_request):
+async def test_streamed_reply_equals_transformers_generate(greedy, codes_by_request, monkeypatch):
     """The same text tokens and the same codes in every codebook as transformers' generate()
     (greedy talker and code predictor), the prompt prefilled in chunks of 16 tokens; and the
     audio streamed in chunks is code2wav's offline decode of those frames, and generate()'s
     waveform, within 1e-4."""
+    tokens: list[int] = []
+    take_token = Reply.take_token
+
+    def record_token(self, token):
+        tokens.append(token)
+        return take_token(self, token)
+
+    monkeypatch.setattr(Reply, "take_token", record_token)
     req = request(request_id="equal")
     deltas = await collect(greedy, req)
     text = "".join(d.text for d in deltas if isinstance(d, TextDelta))
     streamed = np.concatenate([d.audio for d in deltas if isinstance(d, AudioDelta)])
-    frames = frames_by_request["equal"]
+    frames = codes_by_request["equal"]
     spoken = [frame for frame in frames if frame[0] != greedy.loaded.model.talker.config.codec_eos_token_id]
     assert len(spoken) >= 12  # at least the fixture's minimum speech
 
@@ -142,7 +126,7 @@ async def test_streamed_reply_equals_transformers_generate(greedy, frames_by_req
             talker_max_new_tokens=len(frames), talker_min_new_tokens=min(len(frames), 13))
     finally:
         del model.code2wav.forward
-    assert frames_by_request["tokens:equal"] == sequences[0, prompt.length:].tolist()
+    assert tokens == sequences[0, prompt.length:].tolist()
     assert text
     offline = torch.cat(offline_frames).tolist()
     # generate() stops at the end code or its limit one frame early (a frame's residual codes
@@ -157,62 +141,3 @@ async def test_streamed_reply_equals_transformers_generate(greedy, frames_by_req
     offline_wave = offline_wave.reshape(-1).numpy()
     assert len(offline_wave) > 0.9 * len(streamed)
     assert np.max(np.abs(streamed[:len(offline_wave)] - offline_wave)) < 1e-4
-
-
-@asyncio_module
-async def test_second_turn_from_the_prefix_cache_equals_a_fresh_one(greedy, frames_by_request):
-    """A session's second turn reuses its thinker and talker KV (the talker's prompt part is
-    only the user turns, so it reuses less) and says exactly what a fresh prompt says."""
-    first = request(request_id="t1", session_id="s")
-    await collect(greedy, first)
-    history = first.context + [UserText("And then?")]
-    # the turn as the gateway would send it: the assistant's words in between
-    from inference.engine.base import AssistantText
-
-    context = first.context + [AssistantText("fine"), UserAudio(speech(0.6, seed=5)), UserText("And then?")]
-    cached = await collect(greedy, request(context=context, request_id="t2", session_id="s"))
-    fresh = await collect(greedy, request(context=context, request_id="t3"))
-    assert cached[-1].timings["reused_tokens"] > 0
-    assert fresh[-1].timings["reused_tokens"] == 0
-    assert [d.text for d in cached if isinstance(d, TextDelta)] == [d.text for d in fresh if isinstance(d, TextDelta)]
-    assert frames_by_request["t2"] == frames_by_request["t3"]
-    assert history  # the first turn's context is unchanged by the second
-
-
-@pytest.mark.asyncio
-async def test_sampled_replies_in_one_batch_equal_replies_alone(frames_by_request):
-    """With the talker and code predictor sampling, their noise drawn a slot's 16 frame steps
-    at a time (NoiseBank), a reply samples the same frames in a batch as alone; alone, the
-    replies take the same slot one after another and each must draw afresh."""
-    import asyncio
-
-    engine = create_engine("reference", MODEL, seed=5, max_new_tokens=12, min_audio_seconds=1.5,
-                           max_audio_seconds=2.5, warmup=False, kv_slots=4, prefill_chunk_tokens=16)
-    await engine.start()
-    try:
-        assert engine.runner.talker_sampler.params.do_sample
-        for s in range(3):
-            await collect(engine, request(context=[UserAudio(speech(0.8, seed=s))], request_id=f"sa{s}"))
-        await asyncio.gather(*[collect(engine, request(context=[UserAudio(speech(0.8, seed=s))],
-                                                       request_id=f"sb{s}")) for s in range(3)])
-    finally:
-        await engine.close()
-    for s in range(3):
-        assert len(frames_by_request[f"sa{s}"]) > NOISE_STEPS
-        assert frames_by_request[f"sa{s}"] == frames_by_request[f"sb{s}"]
-
-
-@asyncio_module
-async def test_replies_in_one_batch_equal_replies_alone(greedy, frames_by_request):
-    """Four replies decoded as one batch (thinker, talker, code predictor, code2wav) make the
-    frames each makes alone."""
-    import asyncio
-
-    alone = [await collect(greedy, request(context=[UserAudio(speech(0.8, seed=s))], request_id=f"a{s}"))
-             for s in range(4)]
-    together = await asyncio.gather(*[
-        collect(greedy, request(context=[UserAudio(speech(0.8, seed=s))], request_id=f"b{s}"))
-        for s in range(4)])
-    for s in range(4):
-        assert frames_by_request[f"a{s}"] == frames_by_request[f"b{s}"]
-        assert isinstance(alone[s][-1], Finished) and isinstance(together[s][-1], Finished)

@@ -136,6 +136,23 @@ def test_disabled_refuses_too_many_audio_clips_as_a_context_overflow():
                        measure=lambda s: BASE + 10 * (4 - s), max_audio_clips=4) == 0
 
 
+def test_an_engines_picture_cap_leaves_out_pictures_as_clips_are():
+    """vLLM's limit_mm_per_prompt image: whole items leave until the prompt holds no more
+    pictures; "disabled", or a newest item holding more alone, is refused by name."""
+    picture = np.zeros((28, 28, 3), np.uint8)
+    context = []
+    for i in range(5):  # each turn: a picture, then the words about it
+        context += [eng.UserImage(picture, tokens=1, item_id=f"picture{i}"), eng.UserText("and this?", item_id=f"t{i}")]
+    measure = lambda s: BASE + 10 * (len(context) - s)  # noqa: E731
+    assert fit_context(context, eng.Truncation(), room=10_000, measure=measure, max_images=2) == 5  # picture2 leaves, its words stay
+    assert fit_context(context, eng.Truncation(), room=10_000, measure=measure, max_images=5) == 0
+    with pytest.raises(eng.ContextLengthExceeded, match="5 pictures.*at most 2.*delete earlier picture items"):
+        fit_context(context, eng.Truncation(mode="disabled"), room=10_000, measure=measure, max_images=2)
+    one_item = [eng.UserImage(picture, tokens=1, item_id="many") for _ in range(3)]
+    with pytest.raises(eng.ContextLengthExceeded, match="newest item alone holds 3 pictures.*at most 2"):
+        fit_context(one_item, eng.Truncation(), room=10_000, measure=lambda s: BASE + 10 * (3 - s), max_images=2)
+
+
 def test_the_refusal_names_the_limit_that_was_passed():
     # the post_instructions limit, not the room the context leaves
     ratio = eng.Truncation(mode="retention_ratio", retention_ratio=0.5, post_instructions_tokens=50)

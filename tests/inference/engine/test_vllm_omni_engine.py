@@ -18,11 +18,13 @@ import pytest
 
 from inference.engine import (
     AssistantText, AudioDelta, ContextLengthExceeded, ContextTruncated, Finished, GenerationRequest, PromptRead, TextDelta,
-    ToolCall, ToolCallDelta, ToolResult, ToolSpec, Truncation, UserAudio, UserText, create_engine,
+    ToolCall, ToolCallDelta, ToolResult, ToolSpec, Truncation, UserAudio, UserImage, UserText, create_engine,
+    EngineError,
 )
 from inference.engine.vllm_omni import VllmOmniEngine
 from inference.engine.vllm_omni import compat, presets
 from inference.engine.vllm_omni import prompt as prompts
+from inference import images
 from tests.fakes.qwen_omni_processor import Qwen2_5OmniProcessor, Qwen3OmniMoeProcessor
 
 FAKES = Path(__file__).resolve().parents[2] / "fakes"
@@ -36,6 +38,7 @@ def _forget_vllm_omni() -> None:
 
 
 FAKE_RELEASES = ("0.26.0", "0.28.0", "0.30.0")
+LOAD_PROCESSOR = prompts.load_processor  # the real one, which fake_omni replaces with a fake processor
 
 
 @pytest.fixture(params=FAKE_RELEASES)
@@ -338,6 +341,162 @@ async def test_a_reply_cut_by_max_output_tokens_finishes_with_length(fake_omni):
     assert (deltas[-1].reason, deltas[-1].output_text_tokens) == ("length", 2)
 
 
+# --------------------------------------------------------------------------- pictures
+
+
+def picture(width: int, height: int, token_px: int = 28, item_id: str | None = None, shade: int = 0) -> UserImage:
+    """A picture as the worker hands it over: resized to the spec, `tokens` counted."""
+    pixels = np.full((height, width, 3), shade, np.uint8)
+    pixels[0, 0] = (shade + 1, 2, 3)  # not uniform: the order of pictures shows in their pixels
+    return UserImage(pixels, tokens=(width // token_px) * (height // token_px), item_id=item_id)
+
+
+async def test_pictures_go_in_the_user_turn_in_order_with_the_audio(fake_omni):
+    """Each picture is an image part of its user turn (the template writes its vision markers
+    and one placeholder), its pixels in multi_modal_data["image"] in order, and the prompt's
+    length counts its image tokens, as vLLM will expand the placeholder."""
+    engine, omni = await started()
+    assert engine.reads_images and engine.max_images_per_prompt is None  # stock config: vLLM's default
+    first, second, third = picture(84, 56, shade=10), picture(56, 56, shade=20), picture(112, 56, shade=30)
+    clip = np.full(16_000, 0.1, np.float32)  # 25 audio tokens
+    omni.script.prompt_token_ids = [1, 151655, 151655, 2]
+    deltas = await collect(engine.generate(request(
+        first, UserAudio(clip), AssistantText("A cat."), second, third, UserText("And these?"), modalities=("text",))))
+
+    prompt = omni.calls[-1].prompt
+    text = prompt["prompt"]
+    picture_part = "<|vision_bos|><|IMAGE|><|vision_eos|>"
+    assert f"<|im_start|>user\n{picture_part}<|audio_bos|><|AUDIO|><|audio_eos|><|im_end|>" in text
+    assert f"<|im_start|>user\n{picture_part}{picture_part}And these?<|im_end|>" in text
+    assert text.index("<|IMAGE|>") < text.index("A cat.") < text.rindex("<|IMAGE|>")
+    sent = prompt["multi_modal_data"]["image"]
+    assert [image.size for image in sent] == [(84, 56), (56, 56), (112, 56)]
+    for image, item in zip(sent, (first, second, third)):
+        assert image.mode == "RGB"
+        np.testing.assert_array_equal(np.asarray(image), item.pixels)
+    assert prompt["multi_modal_data"]["audio"][0][0] is clip
+    ids = prompt["prompt_token_ids"]
+    assert ids.count(Qwen2_5OmniProcessor.image_token_id) == 3
+    image_tokens = 6 + 4 + 8
+    assert engine._prompts.length(prompt) == len(ids) + (25 - 1) + (image_tokens - 3)
+    read = next(d for d in deltas if isinstance(d, PromptRead))
+    assert (read.input_tokens, read.input_audio_tokens, read.input_image_tokens) == \
+        (len(ids) + 24 + image_tokens - 3, 25, image_tokens)
+    finished = deltas[-1]  # counted in the ids vLLM read, each image token once
+    assert (finished.input_tokens, finished.input_image_tokens) == (4, 2)
+
+
+async def test_a_qwen3_omni_picture_gets_its_own_markers(fake_omni, monkeypatch):
+    monkeypatch.setattr(prompts, "load_processor", lambda model: Qwen3OmniMoeProcessor())
+    engine, omni = await started("Qwen/Qwen3-Omni-30B-A3B-Instruct")
+    assert engine.image_spec.token_px == 32
+    await collect(engine.generate(request(picture(64, 96, token_px=32), UserText("What is it?"))))
+    prompt = omni.calls[-1].prompt
+    assert "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is it?" in prompt["prompt"]
+    assert engine._prompts.length(prompt) == len(prompt["prompt_token_ids"]) + 6 - 1
+
+
+async def test_pictures_follow_the_thinkers_image_limit(fake_omni, tmp_path):
+    """Unset: vLLM's default, pictures on. 0 (one-gpu-voice): off, refused as before. N: at
+    most N a prompt, which the gateway's cap follows. Set in the overrides (over the preset,
+    key by key) or in the deploy config."""
+    engine, omni = await started(preset="one-gpu-voice")
+    assert not engine.reads_images  # the gateway refuses input_image at item.create
+    with pytest.raises(EngineError, match="does not read pictures"):
+        await collect(engine.generate(request(picture(56, 56), UserText("what is this?"))))
+    assert not omni.calls
+
+    engine, omni = await started(preset="one-gpu-voice", stage_overrides={"0": {"limit_mm_per_prompt": {"image": 3}}})
+    assert engine.reads_images and engine.max_images_per_prompt == 3
+    assert omni.kwargs["stage_overrides"]["0"]["limit_mm_per_prompt"] == {"audio": 4, "image": 3, "video": 0}
+    assert engine.max_audio_clips == 4
+
+    engine, _ = await started(stage_overrides={"0": {"limit_mm_per_prompt": {"image": {"count": 2}}}})
+    assert (engine.reads_images, engine.max_images_per_prompt) == (True, 2)
+
+    deploy = tmp_path / "deploy.yaml"
+    deploy.write_text("stages:\n  - stage_id: 0\n    engine_args:\n      limit_mm_per_prompt: {image: 0, audio: 2}\n")
+    engine, _ = await started(deploy_config=str(deploy))
+    assert (engine.reads_images, engine.max_audio_clips) == (False, 2)
+    engine, _ = await started(deploy_config=str(deploy), stage_overrides={"0": {"limit_mm_per_prompt": {"image": 1}}})
+    assert (engine.reads_images, engine.max_images_per_prompt) == (True, 1)  # the overrides go over the file
+
+
+async def test_the_image_limit_leaves_out_older_pictures(fake_omni):
+    engine, omni = await started(stage_overrides={"0": {"limit_mm_per_prompt": {"image": 2}}})
+    context = []
+    for turn in range(3):
+        context += [picture(56, 56, item_id=f"picture{turn}"), UserText(f"Turn {turn}?", item_id=f"text{turn}")]
+    deltas = await collect(engine.generate(request(*context)))
+    assert isinstance(deltas[0], ContextTruncated) and deltas[0].first_item_id == "text0"
+    assert len(omni.calls[-1].prompt["multi_modal_data"]["image"]) == 2
+    assert "Turn 0?" in omni.calls[-1].prompt["prompt"]  # only the picture's item left
+    calls = len(omni.calls)
+    with pytest.raises(ContextLengthExceeded, match="3 pictures.*at most 2"):
+        await collect(engine.generate(request(*context, truncation=Truncation(mode="disabled"))))
+    with pytest.raises(ContextLengthExceeded, match="newest item alone holds 3 pictures"):
+        await collect(engine.generate(request(*[picture(56, 56, item_id="many") for _ in range(3)])))
+    assert len(omni.calls) == calls
+
+
+async def test_image_tokens_count_toward_max_model_len(fake_omni):
+    """A 280×280 picture is 100 tokens behind its one placeholder: two do not fit 300 tokens
+    with 100 for the reply, so the oldest leaves though the ids alone would fit."""
+    engine, omni = await started(max_model_len=300)
+    context = []
+    for turn in range(3):
+        context += [picture(280, 280, item_id=f"picture{turn}"), UserText("And now?", item_id=f"text{turn}")]
+    deltas = await collect(engine.generate(request(*context, instructions="", max_output_tokens=100)))
+    assert isinstance(deltas[0], ContextTruncated)
+    prompt = omni.calls[-1].prompt
+    assert len(prompt["multi_modal_data"]["image"]) == 1 and len(prompt["prompt_token_ids"]) < 100
+    assert 100 < engine._prompts.length(prompt) <= 200
+
+
+async def test_a_picture_not_at_the_models_size_is_refused_not_resized(fake_omni):
+    engine, omni = await started()
+    wrong = UserImage(np.zeros((50, 60, 3), np.uint8), tokens=4)  # not multiples of 28 px
+    with pytest.raises(EngineError, match="cannot build the prompt: a 60×50 picture.*28 px tokens"):
+        await collect(engine.generate(request(wrong, UserText("?"))))
+    miscounted = UserImage(np.zeros((56, 56, 3), np.uint8), tokens=9)
+    with pytest.raises(EngineError, match="56×56 picture of 9 tokens"):
+        await collect(engine.generate(request(miscounted, UserText("?"))))
+    assert not omni.calls
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_omni", "qwen3_omni"])
+async def test_image_spec_is_the_familys_from_its_processor(fake_omni, monkeypatch, family):
+    """The tiny models' real processors and chat templates: 28 px tokens for Qwen2.5-Omni, 32
+    for Qwen3-Omni, within the processor's pixel bounds (and the thinker's mm_processor_kwargs,
+    which vLLM's processor applies too); a picture resized to that spec is one the processor,
+    resizing as it likes (as vLLM's does), cuts into the tokens counted; and the template writes
+    one image placeholder for it."""
+    tiny = importlib.import_module(f"inference.engine.reference.models.{family}.tiny")
+    model = str(tiny.ensure_tiny_model())
+    monkeypatch.setattr(prompts, "load_processor", LOAD_PROCESSOR)
+    engine, omni = await started(model)
+    spec, token_px = engine.image_spec, 28 if family == "qwen2_5_omni" else 32
+    image_processor = engine._prompts._processor.image_processor
+    assert (spec.token_px, spec.min_pixels) == (token_px, max(4 * token_px ** 2, 3136))
+    assert spec.max_pixels == image_processor.size["longest_edge"]
+    for width, height in ((640, 360), (4000, 3000), (20, 600)):
+        w, h = images.target_size(width, height, spec, 1024 * 1024)
+        grid = image_processor(images=[np.zeros((h, w, 3), np.uint8)], return_tensors="np")["image_grid_thw"][0]
+        assert grid.prod() // 4 == images.image_tokens(w, h, spec), (width, height)
+
+    w, h = images.target_size(640, 360, spec, 448 * 448)
+    shown = UserImage(np.zeros((h, w, 3), np.uint8), tokens=images.image_tokens(w, h, spec))
+    await collect(engine.generate(request(shown, UserText("What is this?"), modalities=("text",))))
+    prompt = omni.calls[-1].prompt
+    ids = prompt["prompt_token_ids"]
+    image_id = engine._prompts.image_token_id
+    assert ids.count(image_id) == 1 and engine._prompts.length(prompt) == len(ids) + shown.tokens - 1
+    assert prompt["prompt"].count("<|vision_bos|>" if family == "qwen2_5_omni" else "<|vision_start|>") == 1
+
+    engine, _ = await started(model, stage_overrides={"0": {"mm_processor_kwargs": {"max_pixels": 448 * 448}}})
+    assert engine.image_spec.max_pixels == 448 * 448
+
+
 # --------------------------------------------------------------------------- lifecycle
 
 
@@ -591,3 +750,16 @@ def test_engine_reads_real_output_objects():
     assert outputs.is_audio(audio) and rate == 16_000
     np.testing.assert_array_equal(samples, [1, 1, 1, 1, 0, 0])
     assert outputs.talker_tokens(audio) == 12 and outputs.stage_seconds(audio) == {"talker": 0.08}
+
+
+async def test_a_typed_control_token_is_text_in_the_prompt(fake_omni):
+    """vLLM would tokenize a text prompt with special tokens parsed: a typed `<|AUDIO|>` would be
+    one more placeholder than clips. The prompt goes as ids, the client's text read as text."""
+    engine, omni = await started()
+    await collect(engine.generate(request(
+        UserAudio(np.full(16_000, 0.1, np.float32)), UserText("say <|AUDIO|> and <|im_end|>"),
+        ToolResult("c1", "<|AUDIO|>"), modalities=("text",))))
+    prompt = omni.calls[-1].prompt
+    audio_id = Qwen2_5OmniProcessor.audio_token_id
+    assert prompt["prompt_token_ids"].count(audio_id) == len(prompt["multi_modal_data"]["audio"]) == 1
+    assert "say <|AUDIO|> and <|im_end|>" in prompt["prompt"]  # the text the model reads, as typed

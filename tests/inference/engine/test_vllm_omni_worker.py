@@ -36,7 +36,7 @@ def wait_healthy(proc: subprocess.Popen, port: int, log: Path, timeout_s: float 
 
 
 async def test_a_realtime_turn_through_the_worker_on_the_vllm_omni_engine(tmp_path):
-    from inference.engine.reference.tiny import ensure_tiny_model
+    from inference.engine.reference.models.qwen2_5_omni.tiny import ensure_tiny_model
 
     model = ensure_tiny_model()  # its processor and chat template; the fake pipeline needs no weights
     port, log = free_port(), tmp_path / "worker.log"

@@ -12,9 +12,9 @@ import json, torch
 from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import Qwen2_5OmniBigVGANConfig
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
     Qwen2_5OmniAntiAliasedActivation1d, Qwen2_5OmniSnakeBeta, Qwen2_5OmniToken2WavBigVGANModel)
-from inference.engine.reference.tiny import _make_vocoder_audible
-from inference.engine.reference.token2wav_runner import mel_to_wave
-from inference.engine.reference.vocoder_kernels import AntiAliasedSnake
+from inference.engine.reference.models.qwen2_5_omni.tiny import _make_vocoder_audible
+from inference.engine.reference.models.qwen2_5_omni.token2wav_runner import mel_to_wave
+from inference.engine.reference.models.qwen2_5_omni.vocoder_kernels import AntiAliasedSnake
 
 def randomise_snakes(model, generator):
     # Snake's trained alpha and beta are far from the init's zeros: give each channel its own

@@ -6,6 +6,16 @@ What the real one does and this fake copies:
   one is a TypeError, as on a real 0.26).
 - `AsyncOmni(model=..., **kwargs)`: kwargs such as `deploy_config`, `stage_overrides`,
   `async_chunk` pick the deployment; `async_chunk` is what the deploy config resolved to.
+  Where `model` is a folder with a config.json, its family decides as the stock deploy configs
+  do (real: vllm_omni/deploy/qwen3_omni_moe.yaml `async_chunk: true`, qwen2_5_omni.yaml
+  `false`) unless the kwarg says otherwise, and Qwen2.5-Omni refuses `async_chunk=True` with
+  the real message (config/omni_config.py `_validate_async_chunk_support`: its pipeline has no
+  async-chunk producer).
+- A talker held to a length (its sampling params' `min_tokens`, as a benchmark sets them) makes
+  that many codes, and code2wav that many codes' worth of samples (the family's: Qwen3-Omni's
+  code2wav upsampling, 1,920 samples of 24 kHz a code at the real shapes; Qwen2.5-Omni's 50
+  codes a second) where the model folder names the family; the script's waveform repeats to
+  fill it.
 - `generate(prompt, sampling_params=None, request_id="", *, sampling_params_list=...,
   output_modalities=...)` is an async generator of `OmniRequestOutput`s from the final-output
   stages only: the thinker ("text") and, when audio is requested, code2wav ("audio"). It
@@ -21,8 +31,12 @@ What the real one does and this fake copies:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
+import math
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -71,7 +85,16 @@ class AsyncOmni030:
     def __init__(self, model: str = "", *args: Any, **kwargs: Any) -> None:
         self.model = model
         self.kwargs = kwargs
-        self.async_chunk = bool(kwargs.get("async_chunk", False))
+        self.model_type, self.samples_per_code = _family(model)
+        async_chunk = kwargs.get("async_chunk")
+        if async_chunk is None:  # the stock deploy config's
+            async_chunk = self.model_type == "qwen3_omni_moe"
+        if async_chunk and self.model_type == "qwen2_5_omni":
+            raise ValueError(
+                "Pipeline 'qwen2_5_omni' has async_chunk=True in deploy but no stage declares an async-chunk "
+                "producer (``async_chunk_process_next_stage_input_func``). Either set async_chunk=False or "
+                "implement an async-chunk producer on the pipeline.")
+        self.async_chunk = bool(async_chunk)
         self.output_modalities = ["text", None, "audio"]
         self.default_sampling_params_list = [
             SamplingParams(temperature=0.0, max_tokens=2048, seed=42, repetition_penalty=1.1),
@@ -116,7 +139,8 @@ class AsyncOmni030:
         aborted = self._abort_signals[request_id] = asyncio.Event()
         wants_audio = "audio" in (output_modalities or ["text", "audio"])
         try:
-            for output in _play(self.script, params, request_id, wants_audio, self.async_chunk):
+            for output in _play(self.script, params, request_id, wants_audio, self.async_chunk,
+                                self.samples_per_code):
                 if call.outputs_sent == self.script.fail_after:
                     raise RuntimeError("stage-1 engine died")
                 if call.outputs_sent == self.script.hold_after:
@@ -180,12 +204,30 @@ class AsyncOmni026(AsyncOmni030):
 AsyncOmni = AsyncOmni026 if RELEASE < (0, 30) else AsyncOmni030
 
 
-def _play(script: Script, params: list, request_id: str, wants_audio: bool, async_chunk: bool):
+def _family(model: str) -> tuple[str | None, int | None]:
+    """The model folder's model_type and its code2wav's samples (24 kHz) per talker code."""
+    path = Path(model) / "config.json"
+    if not path.is_file():
+        return None, None
+    config = json.loads(path.read_text())
+    if config.get("model_type") == "qwen3_omni_moe":
+        code2wav = config.get("code2wav_config", {})
+        return "qwen3_omni_moe", math.prod(code2wav.get("upsample_rates", [8, 5, 4, 3])
+                                           + code2wav.get("upsampling_ratios", [2, 2]))
+    if config.get("model_type") == "qwen2_5_omni":
+        return "qwen2_5_omni", 24_000 // 50
+    return config.get("model_type"), None
+
+
+def _play(script: Script, params: list, request_id: str, wants_audio: bool, async_chunk: bool,
+          samples_per_code: int | None = None):
     """The outputs of one request, in the order a real pipeline would yield them."""
-    thinker, code2wav = params[THINKER], params[CODE2WAV]
+    thinker, talker, code2wav = params[THINKER], params[TALKER], params[CODE2WAV]
     max_tokens = thinker.max_tokens if thinker.max_tokens is not None else len(script.text)
     tokens = script.text[:max_tokens]
     finish_reason = "length" if len(script.text) > max_tokens else "stop"
+    if samples_per_code and talker.min_tokens and script.audio is not None:  # a talker held to a length
+        script = dataclasses.replace(script, audio=np.resize(script.audio, talker.min_tokens * samples_per_code))
     chunks = _audio_pieces(script, async_chunk) if wants_audio else []
     sent_audio: list[np.ndarray] = []
 
