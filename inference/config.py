@@ -64,6 +64,15 @@ class Limits(BaseSettings):
     image_url_hosts: list[str] = Field(default_factory=list, description="hosts an https image_url may name "
                                        "(exact names); none: only data: URLs are taken")
     image_download_timeout_s: float = Field(5.0, gt=0, description="fetching one picture from an allowed host")
+    # video with its speech (session `input_video`; docs/worker.md, "Video with its speech")
+    video_frame_pixels: int = Field(224 * 224, ge=1024, description="each camera frame of a turn's video is resized "
+                                    "to at most this many pixels (and at most the model's own maximum)")
+    max_turn_video_frames: int = Field(240, ge=1, description="camera frames the input buffer holds before a commit "
+                                       "or clear")
+    max_video_frames: int = Field(64, ge=2, description="frames of one turn's video after sampling at the model's "
+                                  "rate; a longer turn is sampled more thinly")
+    max_context_video_tokens: int = Field(8192, ge=64, description="video tokens the model reads in one response; "
+                                          "beyond it the oldest turns' frames leave its context (their audio stays)")
     prepare_threads: int = Field(2, ge=1, le=64, description="threads that render prompts, for all sessions")
     # the worker as a whole: refuse sessions, then close the largest, before the container's
     # memory limit kills the process and every call on it

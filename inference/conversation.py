@@ -18,6 +18,11 @@ one response: `limit_images` takes the oldest out of the context beyond that (th
 with its words), down to half of each limit at once, so the prompt's start then stays the same
 for the turns after (an engine's prefix cache keeps serving them).
 
+A turn committed with camera frames (the session's `input_video`) keeps its video beside its
+audio (inference.video): the engine reads the two as one `UserVideo`. Videos are bounded the
+same way (`limit_videos`): beyond the video tokens one response reads, the oldest turns' frames
+leave the context and their audio stays, read as plain speech.
+
 Memory: each clip is kept once, as the float32 samples the engine reads (its engine item
 shares them), and `nbytes` counts what the conversation holds (audio, text, a fixed cost per
 item and part), which is what the session's memory budget checks.
@@ -35,6 +40,7 @@ import numpy as np
 from . import engine as eng
 from .audio import int16_to_float
 from .protocol import FunctionCallItem, FunctionCallOutputItem, MessageItem, new_id
+from .video import TurnVideo
 
 Item = MessageItem | FunctionCallItem | FunctionCallOutputItem
 
@@ -75,6 +81,9 @@ class Entry:
     _user_audio: dict[tuple[int, str | None], eng.UserAudio] = field(default_factory=dict, repr=False)
     # user pictures by content index, as the engine reads them (item_id None: named per use)
     images: dict[int, eng.UserImage] = field(default_factory=dict)
+    # the video said over the audio of content part `index` (a turn committed with frames)
+    videos: dict[int, TurnVideo] = field(default_factory=dict)
+    _user_video: dict[tuple[int, str | None], eng.UserVideo] = field(default_factory=dict, repr=False)
     _nbytes: int | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -89,6 +98,16 @@ class Entry:
         made = self._user_audio.get((index, item_id))
         if made is None:
             made = self._user_audio[(index, item_id)] = eng.UserAudio(self.audio[index], item_id=item_id)
+        return made
+
+    def user_video(self, index: int, item_id: str | None) -> eng.UserVideo:
+        """The engine's item for the video and audio of content part `index` (the same frames
+        and samples), made once, so its keys are hashed once."""
+        made = self._user_video.get((index, item_id))
+        if made is None:
+            video = self.videos[index]
+            made = self._user_video[(index, item_id)] = eng.UserVideo(
+                video.frames, fps=video.fps, audio=self.audio[index], item_id=item_id)
         return made
 
     def user_image(self, index: int, item_id: str | None) -> eng.UserImage:
@@ -107,6 +126,14 @@ class Entry:
         self.audio.clear()
         self._user_audio.clear()
         self.images.clear()
+        self.videos.clear()
+        self._user_video.clear()
+        self._nbytes = None
+
+    def forget_video(self, index: int) -> None:
+        """Free one turn's frames: the model reads its audio alone (`Conversation.limit_videos`)."""
+        self.videos.pop(index, None)
+        self._user_video = {key: made for key, made in self._user_video.items() if key[0] != index}
         self._nbytes = None
 
     def forget_image(self, index: int) -> None:
@@ -124,6 +151,7 @@ class Entry:
             item = self.item
             size = ITEM_OVERHEAD_BYTES + sum(a.nbytes for a in self.audio.values())
             size += sum(image.pixels.nbytes for image in self.images.values())
+            size += sum(video.nbytes for video in self.videos.values())
             size += text_bytes(item.id)
             if isinstance(item, FunctionCallItem):
                 size += text_bytes(item.call_id) + text_bytes(item.name) + text_bytes(item.arguments)
@@ -188,6 +216,22 @@ class Conversation:
             entry.forget_image(index)
             left.append(entry.item.id)  # type: ignore[arg-type]
         return list(dict.fromkeys(left))
+
+    def limit_videos(self, max_tokens: int) -> list[str]:
+        """When the model would read more than `max_tokens` video tokens, the oldest turns'
+        frames leave its context (their audio stays) until what is left is within half of it,
+        the newest video always kept. Returns the ids of the items whose frames left."""
+        videos = [(entry, index) for entry in self._entries if entry.in_context for index in sorted(entry.videos)]
+        tokens = sum(entry.videos[index].tokens for entry, index in videos)
+        if tokens <= max_tokens:
+            return []
+        left: list[str] = []
+        while len(videos) > 1 and tokens > max_tokens // 2:
+            entry, index = videos.pop(0)
+            tokens -= entry.videos[index].tokens
+            entry.forget_video(index)
+            left.append(entry.item.id)  # type: ignore[arg-type]
+        return left
 
     def add(self, entry: Entry, previous_item_id: str | None = None, *,
             from_response: bool = False) -> tuple[str | None, list[str]]:
@@ -317,6 +361,8 @@ def entry_context(entry: Entry, *, in_conversation: bool = True) -> list[eng.Con
             text = part.text if part.type in ("output_text", "text") else part.transcript
             if text:
                 out.append(eng.AssistantText(text, item_id=item_id))
+        elif index in entry.videos and index in entry.audio:
+            out.append(entry.user_video(index, item_id))
         elif index in entry.audio:
             out.append(entry.user_audio(index, item_id))
         elif index in entry.images:

@@ -163,6 +163,20 @@ async def prepare(data: bytes, media: str, detail: Literal["low", "high"], rules
     return await asyncio.get_running_loop().run_in_executor(_POOL, work)
 
 
+async def prepare_frame(data: bytes, media: str, rules: ImageRules, size: tuple[int, int] | None) -> np.ndarray:
+    """A camera frame of a video (inference.video): decoded as a "low" picture of `rules` (the
+    frame budget), then, when the turn's first frame has set it, resized to `size` (width,
+    height): a video's frames share one size. On the image pool, as pictures are."""
+    def work() -> np.ndarray:
+        pixels = decode(data, media, "low", rules)
+        if size is None or (pixels.shape[1], pixels.shape[0]) == size:
+            return pixels
+        resized = np.asarray(Image.fromarray(pixels).resize(size, Image.Resampling.BICUBIC), dtype=np.uint8).copy()
+        resized.flags.writeable = False
+        return resized
+    return await asyncio.get_running_loop().run_in_executor(_POOL, work)
+
+
 async def download(url: str, *, hosts: list[str], timeout_s: float, max_bytes: int) -> tuple[str, bytes]:
     """Fetch a picture from a host the deployment allows: no redirects (they could lead
     anywhere), at most `max_bytes`, within `timeout_s`, PNG or JPEG as the server says."""

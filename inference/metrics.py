@@ -46,6 +46,10 @@ class WorkerMetrics:
         self.input_image_tokens = Counter(
             "omni_input_image_tokens_total",
             "Image tokens in finished responses' prompts; cached: read from the prefix cache", ["cached"], registry=r)
+        self.input_video_tokens = Counter(
+            "omni_input_video_tokens_total",
+            "Video tokens (turns sent with camera frames) in finished responses' prompts; cached: read from the "
+            "prefix cache", ["cached"], registry=r)
         self.context_truncations = Counter(
             "omni_context_truncations_total",
             "Responses for which the oldest conversation items left the model's context (truncation)", registry=r)

@@ -101,6 +101,13 @@ class RetentionRatioTruncation(_Model):
 Truncation = Union[Literal["auto", "disabled"], RetentionRatioTruncation]
 
 
+class InputVideoConfig(_Model):
+    """Our extension: camera frames sent with the speech (`input_video_buffer.append`) make each
+    committed turn one video with its audio, read as the models were trained on video. Only
+    "with_speech" exists; `input_video: null` (the default) takes no frames."""
+    type: Literal["with_speech"] = "with_speech"
+
+
 class SessionConfig(_Model):
     """The whole session as `session.created` / `session.updated` report it."""
 
@@ -115,6 +122,7 @@ class SessionConfig(_Model):
     tool_choice: ToolChoice = "auto"
     max_output_tokens: MaxTokens = "inf"
     truncation: Truncation = "auto"
+    input_video: InputVideoConfig | None = None
 
 
 class SessionUpdateParams(_Model):
@@ -129,9 +137,19 @@ class SessionUpdateParams(_Model):
     max_output_tokens: MaxTokens | None = None
     temperature: Temperature | None = None
     truncation: Truncation | None = None
+    input_video: InputVideoConfig | None = None
 
 
 # --------------------------------------------------------------------------- conversation items
+
+class VideoInfo(_Model):
+    """Our extension, on the `input_audio` part of a turn committed with camera frames: the
+    video the model reads with that audio (frames sampled from what was sent, at `fps`)."""
+    frames: int
+    fps: float
+    width: int
+    height: int
+
 
 class ContentPart(_Model):
     # input_text / input_audio / input_image (user, system), output_text / output_audio
@@ -144,14 +162,20 @@ class ContentPart(_Model):
     # Never echoed: the worker keeps the decoded picture, and an item's id refers to it.
     image_url: str | None = None
     detail: Literal["auto", "low", "high"] | None = None
+    # a committed turn's video (session `input_video`); set by the worker only, never taken
+    # from a client's item
+    video: VideoInfo | None = None
 
     @model_serializer(mode="wrap")
     def _leave_out_image_fields(self, handler: Any) -> dict[str, Any]:
-        # only an input_image part carries image fields; other parts keep their usual shape
+        # only an input_image part carries image fields, only a turn with video its video;
+        # other parts keep their usual shape
         data = handler(self)
         if self.type != "input_image":
             data.pop("image_url", None)
             data.pop("detail", None)
+        if self.video is None:
+            data.pop("video", None)
         return data
 
 
@@ -215,6 +239,17 @@ class InputAudioBufferAppend(_ClientEvent):
     audio: str
 
 
+class InputVideoBufferAppend(_ClientEvent):
+    """Our extension (with the session's `input_video` on): one camera frame taken while the
+    caller speaks, a data: URL of a JPEG or PNG. `audio_ms`: where it was taken in the input
+    audio buffer, in milliseconds from the buffer's first sample; left out, at the buffer's end
+    as it is now (a client streaming both sends each frame when it is taken). Cleared with the
+    buffer; at the commit the turn's frames and audio become one item (docs/worker.md)."""
+    type: Literal["input_video_buffer.append"]
+    image_url: str
+    audio_ms: int | None = Field(None, ge=0)
+
+
 class InputAudioBufferCommit(_ClientEvent):
     type: Literal["input_audio_buffer.commit"]
 
@@ -262,6 +297,7 @@ class ResponseCancel(_ClientEvent):
 CLIENT_EVENTS: dict[str, type[_ClientEvent]] = {
     "session.update": SessionUpdate,
     "input_audio_buffer.append": InputAudioBufferAppend,
+    "input_video_buffer.append": InputVideoBufferAppend,
     "input_audio_buffer.commit": InputAudioBufferCommit,
     "input_audio_buffer.clear": InputAudioBufferClear,
     "conversation.item.create": ConversationItemCreate,

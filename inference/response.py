@@ -76,7 +76,7 @@ class ResponseRun:
         await self.announce()
         if self.response.usage is None:
             self.response.usage = _usage(self._read.input_tokens, self._read.input_audio_tokens, 0, 0, 0, 0,
-                                         self._read.input_image_tokens)
+                                         self._read.input_image_tokens, input_video=self._read.input_video_tokens)
         self._metrics.cancels.labels(self.cancel_reason).inc()
         await self._finish("cancelled", {"type": "cancelled", "reason": self.cancel_reason})
 
@@ -108,7 +108,7 @@ class ResponseRun:
         if finished is None:  # what was read, as OpenAI reports it for any response; the
             # engines count the reply's own tokens only when it ends
             self.response.usage = _usage(self._read.input_tokens, self._read.input_audio_tokens, 0, 0, 0, 0,
-                                         self._read.input_image_tokens)
+                                         self._read.input_image_tokens, input_video=self._read.input_video_tokens)
         if cancelled:
             self._metrics.cancels.labels(self.cancel_reason).inc()
             await self._finish("cancelled", {"type": "cancelled", "reason": self.cancel_reason})
@@ -242,11 +242,17 @@ class ResponseRun:
         self.response.usage = _usage(finished.input_tokens, finished.input_audio_tokens, finished.cached_tokens,
                                      finished.cached_audio_tokens, finished.output_text_tokens,
                                      finished.output_audio_tokens, finished.input_image_tokens,
-                                     finished.cached_image_tokens)
-        if finished.input_image_tokens:
-            cached = finished.cached_image_tokens
+                                     finished.cached_image_tokens, input_video=finished.input_video_tokens,
+                                     cached_video=finished.cached_video_tokens)
+        pictures = finished.input_image_tokens - finished.input_video_tokens
+        if pictures:
+            cached = finished.cached_image_tokens - finished.cached_video_tokens
             self._metrics.input_image_tokens.labels("true").inc(cached)
-            self._metrics.input_image_tokens.labels("false").inc(finished.input_image_tokens - cached)
+            self._metrics.input_image_tokens.labels("false").inc(pictures - cached)
+        if finished.input_video_tokens:
+            cached = finished.cached_video_tokens
+            self._metrics.input_video_tokens.labels("true").inc(cached)
+            self._metrics.input_video_tokens.labels("false").inc(finished.input_video_tokens - cached)
         timings = finished.timings
         if "queue_wait_s" in timings:
             self._metrics.queue_wait.observe(timings["queue_wait_s"])
@@ -256,17 +262,25 @@ class ResponseRun:
 
 
 def _usage(input_tokens: int, input_audio: int, cached: int, cached_audio: int, text_out: int,
-           audio_out: int, input_image: int = 0, cached_image: int = 0) -> p.Usage:
-    """OpenAI's usage shape: input and output by modality, the cached part of the input too."""
+           audio_out: int, input_image: int = 0, cached_image: int = 0, *, input_video: int = 0,
+           cached_video: int = 0) -> p.Usage:
+    """OpenAI's usage shape: input and output by modality, the cached part of the input too.
+    The engines count videos' frames among the image tokens; here `video_tokens` (our
+    extension, only when the response read a video) holds them and `image_tokens` the pictures',
+    so the kinds add up to the input."""
+    details: dict = {
+        "text_tokens": input_tokens - input_audio - input_image, "audio_tokens": input_audio,
+        "image_tokens": input_image - input_video, "cached_tokens": cached,
+        "cached_tokens_details": {"text_tokens": cached - cached_audio - cached_image,
+                                  "audio_tokens": cached_audio, "image_tokens": cached_image - cached_video}}
+    if input_video or cached_video:
+        details["video_tokens"] = input_video
+        details["cached_tokens_details"]["video_tokens"] = cached_video
     return p.Usage(
         total_tokens=input_tokens + text_out + audio_out,
         input_tokens=input_tokens,
         output_tokens=text_out + audio_out,
-        input_token_details={
-            "text_tokens": input_tokens - input_audio - input_image, "audio_tokens": input_audio,
-            "image_tokens": input_image, "cached_tokens": cached,
-            "cached_tokens_details": {"text_tokens": cached - cached_audio - cached_image,
-                                      "audio_tokens": cached_audio, "image_tokens": cached_image}},
+        input_token_details=details,
         output_token_details={"text_tokens": text_out, "audio_tokens": audio_out},
     )
 

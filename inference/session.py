@@ -5,8 +5,9 @@ current response (a child, see `inference.response`), which it starts and cancel
 send queue's writer (`inference.outbox`). Errors a client causes are answered with an `error`
 event and change nothing; the socket stays open.
 
-What a session may hold is bounded in bytes (`max_session_bytes`: the conversation's text and
-audio, the input buffer, audio only queued transcriptions still hold), and input audio is
+What a session may hold is bounded in bytes (`max_session_bytes`: the conversation's text,
+audio, pictures and videos, the input buffer and its camera frames, audio only queued
+transcriptions still hold), and input audio is
 paced (`input_audio_speed` times real time, sustained, after a burst of
 `input_audio_burst_s`): docs/hardening.md, "Memory and CPU per session".
 """
@@ -33,6 +34,7 @@ from .outbox import Outbox
 from .response import ResponseRun
 from .transcription import InputTranscriber
 from .vad import EnergyVad, SpeechStarted, SpeechStopped
+from .video import Frame, VideoBuffer
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,11 @@ class RealtimeSession:
         self._image_rules = images.ImageRules(
             spec=engine.image_spec, low_pixels=limits.image_low_pixels, high_pixels=limits.image_high_pixels,
             max_bytes=limits.max_image_bytes, max_source_pixels=limits.max_image_source_pixels)
+        # camera frames sent with the speech (session `input_video`): at the frame budget
+        self._video = VideoBuffer()
+        self._frame_rules = images.ImageRules(
+            spec=engine.image_spec, low_pixels=limits.video_frame_pixels, high_pixels=limits.video_frame_pixels,
+            max_bytes=limits.max_image_bytes, max_source_pixels=limits.max_image_source_pixels)
         self._transcriber = InputTranscriber(engine, self.conversation, self.send, limits.max_pending_transcriptions)
         # input audio pacing: a token bucket of seconds of audio, refilled at input_audio_speed
         self._audio_allowance = limits.input_audio_burst_s
@@ -77,6 +84,7 @@ class RealtimeSession:
         self._handlers = {
             "session.update": self._session_update,
             "input_audio_buffer.append": self._append,
+            "input_video_buffer.append": self._append_frame,
             "input_audio_buffer.commit": self._commit,
             "input_audio_buffer.clear": self._clear,
             "conversation.item.create": self._item_create,
@@ -131,13 +139,15 @@ class RealtimeSession:
             held = self.memory_bytes()
             self.conversation.clear()
             self._buffer, self._buffered = [], 0
+            self._video.clear()
             if held >= TRIM_AFTER_BYTES:
                 memory_guard.trim_soon()
             log.info("session %s closed", self.config.id)
 
     def memory_bytes(self) -> int:
         """What this session holds, as its budget counts it (`max_session_bytes`)."""
-        return self.conversation.nbytes + self._buffered * 2 + self._transcriber.held_bytes()
+        return (self.conversation.nbytes + self._buffered * 2 + self._video.nbytes
+                + self._transcriber.held_bytes())
 
     async def evict(self, message: str) -> None:
         """Closed by the worker's memory guard: the client hears why, then the socket closes."""
@@ -151,7 +161,7 @@ class RealtimeSession:
         if used + more > limit:
             raise ClientError(
                 "session_memory_limit", f"{what} needs {_mb(more)}; this session already holds {_mb(used)} of "
-                f"{_mb(limit)} (conversation text and audio, input buffer): delete items, or let truncation "
+                f"{_mb(limit)} (conversation text, audio, pictures and videos, input buffer): delete items, or let truncation "
                 "free them, first", param)
 
     def _check_id(self, value: str | None, param: str) -> None:
@@ -217,6 +227,10 @@ class RealtimeSession:
         self._check_instructions(config.instructions)
         self._check_tools(config.tools, "session.tools")
         self._check_token_limits(config)
+        if config.input_video is not None and not self._engine.reads_video:
+            raise ClientError("video_not_supported", f"this worker's model ({self._engine.model}, engine "
+                              f"{self._engine.name}) does not read video with its speech; leave input_video null",
+                              "session.input_video")
         config.audio.output.voice = self._map_voice(config.audio.output.voice)
         if config.audio.input.turn_detection and config.audio.input.turn_detection.type != "server_vad":
             log.warning("session %s: turn detection %r is served as server_vad", self.config.id,
@@ -228,6 +242,8 @@ class RealtimeSession:
             self._resampler = InputResampler(config.audio.input.format.rate)  # type: ignore[arg-type]
         td = config.audio.input.turn_detection
         self._vad = EnergyVad(td.threshold, td.prefix_padding_ms, td.silence_duration_ms) if td else None
+        if config.input_video is None:
+            self._video.clear()
         self.config = config
         await self.send(p.SessionUpdated(session=self.config))
 
@@ -314,6 +330,35 @@ class RealtimeSession:
             for vad_event in self._vad.push(pcm16k):
                 await self._on_vad(vad_event)
 
+    async def _append_frame(self, event: p.InputVideoBufferAppend) -> None:
+        """A camera frame for the turn being spoken: checked, decoded and resized now, kept
+        with its place in the input audio buffer until the commit (inference.video)."""
+        if self.config.input_video is None:
+            raise ClientError("input_video_not_enabled", "input_video_buffer.append needs the session's input_video "
+                              "on first: session.update with input_video {\"type\": \"with_speech\"}", "type")
+        if not self._engine.reads_video:  # input_video is refused then; a second guard
+            raise ClientError("video_not_supported", f"this worker's model ({self._engine.model}) does not read "
+                              "video", "type")
+        if len(self._video) >= self._limits.max_turn_video_frames:
+            raise ClientError("input_video_buffer_full", f"the input buffer holds at most "
+                              f"{self._limits.max_turn_video_frames} camera frames; commit or clear it", "image_url")
+        rate = eng.INPUT_SAMPLE_RATE
+        at = self._buffered if event.audio_ms is None else event.audio_ms * rate // 1000
+        if at > self._limits.max_turn_audio_s * rate:
+            raise ClientError("invalid_event", f"audio_ms {event.audio_ms} is past the most the input audio buffer "
+                              f"holds ({self._limits.max_turn_audio_s:g} s)", "audio_ms")
+        if not event.image_url.startswith("data:"):
+            raise ClientError("invalid_image_url", "a camera frame is a data: URL of a JPEG or PNG picture",
+                              "image_url")
+        spec = self._engine.image_spec
+        self._check_memory(min(self._limits.video_frame_pixels, spec.max_pixels) * 3, "this frame", "image_url")
+        try:
+            media, data = images.parse_data_url(event.image_url, self._limits.max_image_bytes)
+            pixels = await images.prepare_frame(data, media, self._frame_rules, self._video.size)
+        except images.ImageRefused as e:
+            raise ClientError(e.code, e.message, "image_url") from None
+        self._video.add(Frame(pixels, at))
+
     def _pace_audio(self, seconds: float) -> None:
         """A token bucket of seconds of audio: a client may send input audio at
         `input_audio_speed` times real time, after a burst of `input_audio_burst_s`."""
@@ -362,14 +407,25 @@ class RealtimeSession:
         await self._commit_buffer(p.new_id("item"))
 
     async def _commit_buffer(self, item_id: str) -> None:
-        # kept as float32 (what the engine reads): twice the buffer's int16
-        self._check_memory(self._buffered * 2 + ITEM_OVERHEAD_BYTES + PART_OVERHEAD_BYTES, "committing the input "
-                           "audio buffer")
-        item = p.MessageItem(id=item_id, role="user", content=[p.ContentPart(type="input_audio")])
+        # kept as float32 (what the engine reads): twice the buffer's int16; the frames sampled
+        # into the turn's video at most as many as the buffer holds
+        self._check_memory(self._buffered * 2 + self._video.nbytes + ITEM_OVERHEAD_BYTES + PART_OVERHEAD_BYTES,
+                           "committing the input audio buffer")
+        part = p.ContentPart(type="input_audio")
+        item = p.MessageItem(id=item_id, role="user", content=[part])
         entry = Entry(item=item, audio={0: np.concatenate(self._buffer)})
+        if self._video:
+            video = self._video.sample(self._buffered, self._engine.image_spec, self._engine.video_spec,
+                                     max_frames=self._limits.max_video_frames,
+                                     max_tokens=self._limits.max_context_video_tokens)
+            if video is not None:
+                entry.videos[0] = video
+                frames, height, width = video.frames.shape[:3]
+                part.video = p.VideoInfo(frames=frames, fps=round(video.fps, 3), width=width, height=height)
         previous, deleted = self.conversation.add(entry)
         await self._send_deleted(deleted)
         self._buffer, self._buffered = [], 0
+        self._video.clear()
         await self.send(p.InputAudioBufferCommitted(previous_item_id=previous, item_id=item_id))
         await self.send(p.ConversationItemAdded(previous_item_id=previous, item=item))
         await self.send(p.ConversationItemDone(previous_item_id=previous, item=item))
@@ -379,6 +435,7 @@ class RealtimeSession:
     async def _clear(self, event: p.InputAudioBufferClear) -> None:
         self._resampler.flush()
         self._buffer, self._buffered = [], 0
+        self._video.clear()
         await self.send(p.InputAudioBufferCleared())
 
     # ------------------------------------------------------------------ conversation
@@ -416,6 +473,7 @@ class RealtimeSession:
                 raise ClientError("too_many_parts", f"an item holds at most {self._limits.max_item_parts} content "
                                   f"parts; this one has {len(item.content)}", f"{param}.content")
             for index, part in enumerate(item.content):
+                part.video = None  # a turn's video comes from the input buffer only
                 self._check_text(part.text, f"{param}.content.{index}.text")
                 self._check_text(part.transcript, f"{param}.content.{index}.transcript")
                 if item.role != "assistant" and part.type in ("output_text", "output_audio"):
@@ -569,6 +627,10 @@ class RealtimeSession:
                                   "response (or ask for one with conversation: \"none\")")
         if not out_of_band:
             self._limit_images(len(input_images), sum(i.tokens for i in input_images))
+            if left := self.conversation.limit_videos(self._limits.max_context_video_tokens):
+                log.info("session %s: the frames of %d turns left the model's context (at most %d video tokens in "
+                         "one response); their audio stays", self.config.id, len(left),
+                         self._limits.max_context_video_tokens)
         context = self.conversation.to_context() if not out_of_band else []
         for items in response_input:
             context.extend(items)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .base import (
     AssistantText, AudioDelta, ContextItem, ContextTruncated, Delta, EngineLoad, Finished, GenerationRequest, ImageSpec, OmniEngine, PromptRead, SystemText, TextDelta, ToolCall, ToolCallDelta, ToolResult,
-    ToolSpec, Truncation, UserAudio, UserImage, UserText, UserVideo, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE,
+    ToolSpec, Truncation, UserAudio, UserImage, UserText, UserVideo, VideoSpec, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE,
 )
 from .exceptions import ContextLengthExceeded, EngineError, EngineOverloaded
 
@@ -25,6 +25,6 @@ def create_engine(name: str, model: str, **options) -> OmniEngine:
 __all__ = [
     "AssistantText", "AudioDelta", "ContextItem", "ContextLengthExceeded", "ContextTruncated", "Delta",
     "EngineError", "EngineLoad", "EngineOverloaded", "Finished", "GenerationRequest", "ImageSpec", "OmniEngine", "PromptRead", "SystemText", "TextDelta", "ToolCall",
-    "ToolCallDelta", "ToolResult", "ToolSpec", "Truncation", "UserAudio", "UserImage", "UserText", "UserVideo", "INPUT_SAMPLE_RATE",
+    "ToolCallDelta", "ToolResult", "ToolSpec", "Truncation", "UserAudio", "UserImage", "UserText", "UserVideo", "VideoSpec", "INPUT_SAMPLE_RATE",
     "OUTPUT_SAMPLE_RATE", "ENGINES", "create_engine",
 ]

@@ -175,6 +175,19 @@ class ImageSpec:
     max_pixels: int = 1024 * 1024
 
 
+@dataclass(frozen=True)
+class VideoSpec:
+    """How an engine's model reads video with its speech (`UserVideo`, when `reads_video`):
+    what the worker samples a turn's camera frames to (their size is `ImageSpec`'s).
+
+    `fps`: the frames a second the family's processor reads a video at when not told otherwise
+    (Qwen2.5-Omni 2, Qwen3-Omni 1); `frames_per_token`: the frames one video token covers (the
+    vision encoder's temporal patch: 2 for both), so a video's T is a multiple of it.
+    """
+    fps: float = 2.0
+    frames_per_token: int = 2
+
+
 @dataclass
 class ToolSpec:
     name: str
@@ -268,6 +281,7 @@ class PromptRead:
     input_tokens: int
     input_audio_tokens: int = 0
     input_image_tokens: int = 0
+    input_video_tokens: int = 0    # of input_image_tokens, the videos' frames'
 
 
 @dataclass
@@ -278,8 +292,10 @@ class Finished:
     input_audio_tokens: int = 0
     cached_tokens: int = 0         # of input_tokens, those taken from a cache (not computed)
     cached_audio_tokens: int = 0   # of cached_tokens, the audio ones
-    input_image_tokens: int = 0    # of input_tokens, the pictures' (their markers not counted)
-    cached_image_tokens: int = 0   # of cached_tokens, the pictures' ones
+    input_image_tokens: int = 0    # of input_tokens, the pictures' and videos' frames' (markers not counted)
+    cached_image_tokens: int = 0   # of cached_tokens, the pictures' and videos' frames' ones
+    input_video_tokens: int = 0    # of input_image_tokens, the videos' frames'
+    cached_video_tokens: int = 0   # of cached_image_tokens, the videos' frames'
     output_text_tokens: int = 0
     output_audio_tokens: int = 0
     # seconds from the request to the first audio / text sample, and in total
@@ -316,8 +332,10 @@ class OmniEngine(abc.ABC):
     #: how the model reads pictures (when `reads_images`): the worker resizes to it
     image_spec: ImageSpec = ImageSpec()
     #: whether the model reads video with its speech (`UserVideo`); `refuse_unread_media` refuses a
-    #: request holding one when False
+    #: request holding one when False, and the gateway refuses the session's `input_video`
     reads_video: bool = False
+    #: how the model reads video (when `reads_video`): the worker samples a turn's frames to it
+    video_spec: VideoSpec = VideoSpec()
     #: pictures one prompt may hold (vLLM's `limit_mm_per_prompt` image); None: the worker's limit
     max_images_per_prompt: int | None = None
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
 import os
 import string
@@ -30,6 +31,7 @@ from typing import Any
 import aiohttp
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from PIL import Image
 
 from inference.protocol import CLIENT_EVENTS
 from tests.conftest import WorkerProcess
@@ -81,10 +83,17 @@ audio_config = st.fixed_dictionaries({}, optional={
                                         optional={"rate": st.sampled_from([16000, 24000, 0, 8000, -1])}),
         "turn_detection": turn_detection, "transcription": json_value}),
     "output": st.fixed_dictionaries({}, optional={"voice": ids, "speed": st.floats(0, 3)})})
+input_video = st.none() | st.fixed_dictionaries({"type": st.sampled_from(["with_speech", "x"])})
 session = st.fixed_dictionaries({}, optional={
     "instructions": text, "output_modalities": modalities, "tools": st.lists(tool, max_size=3),
     "tool_choice": tool_choice, "max_output_tokens": max_tokens, "temperature": st.floats(-1, 3),
-    "audio": audio_config})
+    "audio": audio_config, "input_video": input_video})
+# a 16×16 grey JPEG, and what a frame must not be
+_jpeg = io.BytesIO()
+Image.new("RGB", (16, 16), (128, 128, 128)).save(_jpeg, "JPEG")
+JPEG_16 = "data:image/jpeg;base64," + base64.b64encode(_jpeg.getvalue()).decode()
+frame_url = st.sampled_from([JPEG_16, "data:image/jpeg;base64,", "data:image/gif;base64,R0lGOD", "https://x/y.jpg"]) \
+    | text
 response = st.fixed_dictionaries({}, optional={
     "instructions": text, "output_modalities": modalities, "max_output_tokens": max_tokens,
     "metadata": st.dictionaries(st.text(max_size=8), json_value, max_size=3),
@@ -93,6 +102,8 @@ response = st.fixed_dictionaries({}, optional={
 BODIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     "session.update": st.fixed_dictionaries({"session": session}),
     "input_audio_buffer.append": st.fixed_dictionaries({"audio": pcm}),
+    "input_video_buffer.append": st.fixed_dictionaries({"image_url": frame_url},
+                                                       optional={"audio_ms": st.integers(-10, 10**6)}),
     "input_audio_buffer.commit": st.just({}),
     "input_audio_buffer.clear": st.just({}),
     "conversation.item.create": st.fixed_dictionaries({"item": item},

@@ -21,10 +21,15 @@ class ScriptedEngine(eng.OmniEngine):
 
     def __init__(self, words: int = 5, samples_per_word: int = 4800, step_s: float = 0.01,
                  tool_call: eng.ToolCallDelta | None = None, reads_images: bool = False,
-                 image_spec: eng.ImageSpec | None = None) -> None:
+                 image_spec: eng.ImageSpec | None = None, reads_video: bool = False,
+                 video_spec: eng.VideoSpec | None = None) -> None:
         super().__init__("scripted-model")
-        # pictures: read (and counted in usage) when declared, else refused as a real engine must
-        self.reads_images = reads_images
+        # pictures and video: read (and counted in usage) when declared, else refused as a real
+        # engine must
+        self.reads_images = reads_images or reads_video
+        self.reads_video = reads_video
+        if video_spec is not None:
+            self.video_spec = video_spec
         if image_spec is not None:
             self.image_spec = image_spec
         self.cached_image_tokens = 0  # what Finished reports as cached of the pictures' tokens
@@ -63,7 +68,14 @@ class ScriptedEngine(eng.OmniEngine):
             kept = set(ids[-self.keep_items:]) if self.keep_items is not None else None
             image_tokens = sum(item.tokens for item in request.context if isinstance(item, eng.UserImage)
                                and (kept is None or item.item_id is None or item.item_id in kept))
-            yield eng.PromptRead(input_tokens=10 + image_tokens, input_audio_tokens=4, input_image_tokens=image_tokens)
+            # a video's tokens: frame groups × the tokens of one frame (counted among the image tokens)
+            video_tokens = sum(
+                item.frames.shape[0] // self.video_spec.frames_per_token * (item.frames.shape[1] // self.image_spec.token_px)
+                * (item.frames.shape[2] // self.image_spec.token_px) for item in request.context
+                if isinstance(item, eng.UserVideo) and (kept is None or item.item_id is None or item.item_id in kept))
+            image_tokens += video_tokens
+            yield eng.PromptRead(input_tokens=10 + image_tokens, input_audio_tokens=4, input_image_tokens=image_tokens,
+                                 input_video_tokens=video_tokens)
             if self.tool_call and request.tools:
                 yield self.tool_call
                 yield eng.Finished(reason="tool_calls", input_tokens=10 + image_tokens, output_text_tokens=5,
@@ -79,6 +91,7 @@ class ScriptedEngine(eng.OmniEngine):
                     yield eng.AudioDelta(np.full(self.samples_per_word, 0.1, np.float32))
             yield eng.Finished(input_tokens=10 + image_tokens, input_audio_tokens=4, output_text_tokens=self.words,
                                input_image_tokens=image_tokens, cached_image_tokens=self.cached_image_tokens,
+                               input_video_tokens=video_tokens,
                                cached_tokens=self.cached_tokens, cached_audio_tokens=self.cached_audio_tokens,
                                output_audio_tokens=self.words * 10, timings={"queue_wait_s": 0.0})
         finally:

@@ -21,6 +21,7 @@ import torch
 
 from ..base import (
     ContextTruncated, Delta, EngineLoad, Finished, GenerationRequest, OmniEngine, PromptRead, UserAudio, UserText,
+    VideoSpec,
 )
 from ..exceptions import EngineError
 from ..tool_calls import OPEN_TAG
@@ -115,6 +116,8 @@ class ReferenceEngine(OmniEngine):
         self.reads_video = self.family.reads_video
         if self.reads_images:
             self.image_spec = self.family.image_spec
+        if self.reads_video and (layout := self.family.style.video) is not None:
+            self.video_spec = VideoSpec(fps=layout.fps, frames_per_token=layout.temporal_patch)
         self.preset = check_preset(preset)
         engine_options, family_options = split_options(options, self.family, FAMILIES)
         self.device = resolve_device(engine_options.device)
@@ -291,7 +294,7 @@ class ReferenceEngine(OmniEngine):
         envelope = len(self.loaded.processor.tokenizer.encode(prepared.forced_prefix, add_special_tokens=False)) \
             if prepared.forced_prefix else 0  # the forced call's opening belongs to the reply (reply.py)
         read: PromptRead | None = PromptRead(  # with the first delta
-            prompt.length - envelope, prompt.audio_tokens, prompt.image_tokens)
+            prompt.length - envelope, prompt.audio_tokens, prompt.image_tokens, prompt.video_tokens)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         reply = Reply(
@@ -324,7 +327,8 @@ class ReferenceEngine(OmniEngine):
                         item, cached_tokens=reply.reused,
                         cached_audio_tokens=int((cached == config.audio_token_id).sum()),
                         cached_image_tokens=int(((cached == config.image_token_id) | (cached == config.video_token_id)
-                                                 ).sum()) if prompt.pictures or prompt.videos else 0)
+                                                 ).sum()) if prompt.pictures or prompt.videos else 0,
+                        cached_video_tokens=int((cached == config.video_token_id).sum()) if prompt.videos else 0)
                     return
                 yield item
         finally:

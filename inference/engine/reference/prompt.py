@@ -34,11 +34,13 @@ class VideoLayout:
     its frame group's start × `position_id_per_seconds` (one frame group: `temporal_patch`
     frames), each audio token's its index; "chunks" (Qwen2.5-Omni) puts each
     `seconds_per_chunk` chunk's video tokens, then its audio tokens, "time" (Qwen3-Omni) merges
-    them in time order (video first on a tie). The figures are the processors' defaults."""
+    them in time order (video first on a tie). The figures are the processors' defaults;
+    `fps` is the rate the processor assumes when not told one (what the worker samples to)."""
     interleave: str                       # "chunks" or "time"
     position_id_per_seconds: float
     seconds_per_chunk: float = 2.0
     temporal_patch: int = 2               # frames one video token covers
+    fps: float = 2.0                      # frames a second
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,7 @@ class Prompt:
     pictures: list[Picture] = field(default_factory=list)  # in prompt order
     image_tokens: int = 0                            # how many of the L tokens are pictures' (videos')
     videos: list[Video] = field(default_factory=list)  # in prompt order
+    video_tokens: int = 0                            # of image_tokens, the videos' frames'
 
     @property
     def length(self) -> int:
@@ -241,7 +244,7 @@ def build_prompt(processor, request: GenerationRequest, style: PromptStyle,
             hashes = np.concatenate([np.full(item.tokens, item.key, dtype=np.int64) for item in items])
             keys[where] = -1 - ((hashes + rows) & ((1 << 62) - 1))
     return Prompt(input_ids=input_ids, clips=clips, keys=keys, audio_tokens=counts[0],
-                  pictures=pictures, image_tokens=counts[1] + counts[2], videos=videos)
+                  pictures=pictures, image_tokens=counts[1] + counts[2], videos=videos, video_tokens=counts[2])
 
 
 def common_prefix(first: np.ndarray, second: np.ndarray) -> int:

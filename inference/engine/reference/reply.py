@@ -359,7 +359,7 @@ class Reply:
         self.emit(Finished(
             reason="tool_calls" if self.tool_calls else self.reason,
             input_tokens=self.prompt.length - envelope, input_audio_tokens=self.prompt.audio_tokens,
-            input_image_tokens=self.prompt.image_tokens,
+            input_image_tokens=self.prompt.image_tokens, input_video_tokens=self.prompt.video_tokens,
             output_text_tokens=output_tokens,
             output_audio_tokens=self.talker.codes if self.talker else 0, timings=dict(t)))
 

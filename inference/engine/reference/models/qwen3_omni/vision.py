@@ -23,7 +23,8 @@ MERGE = 2
 # 16 px patches merged 2×2; a checkpoint's processor may allow fewer pixels (`image_spec_for`)
 IMAGE_SPEC = family_spec(16 * MERGE)
 # a video's tokens and its audio's in time order (Qwen3OmniMoeProcessor's defaults)
-VIDEO_LAYOUT = VideoLayout(interleave="time", position_id_per_seconds=13.0, seconds_per_chunk=2.0)
+# its processor assumes 1 frame a second when not told a rate
+VIDEO_LAYOUT = VideoLayout(interleave="time", position_id_per_seconds=13.0, seconds_per_chunk=2.0, fps=1.0)
 
 
 def image_spec_for(image_processor) -> ImageSpec:
