@@ -12,7 +12,7 @@ memory is gone before the other starts):
 1. The model folder both engines read (`--model-dir`): for the shaped models (`--model
    qwen3-omni`: Qwen3-Omni-30B-A3B's published shapes; `qwen2.5-omni`: Qwen2.5-Omni-7B's)
    config.json, tokenizer, processor and chat template (and Qwen2.5-Omni's speakers) with no
-   weights (bench/reference/shapes.py `write_folder`; whichever half comes first writes it, the
+   weights (bench/reference/shapes.py `write_folder`, from the family's `shapes.py`; whichever half comes first writes it, the
    same every time). The reference engine builds random weights from that folder's config
    (`from_folder`) and vllm-omni starts on it with `load_format: dummy`. The tiny models
    (`tiny-random`, `tiny-random-qwen3-omni`: the CPU tests) are their own folders.
@@ -96,7 +96,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import importlib
 import json
 import logging
 import math
@@ -121,6 +120,7 @@ from bench.reference.harness import levels_of, one_session, reply_seconds, set_r
 from bench.reference.steady import run_steady
 from bench.steady_mix import GAP_S, CallPattern, Level, Seconds, pct, steady_capacity
 from bench.worker_engine import WorkerEngine
+from inference.engine.reference.models import family_for
 
 REPO = Path(__file__).resolve().parents[1]
 HALVES = ("reference", "vllm-omni")
@@ -138,7 +138,7 @@ class Model:
 
 MODELS = {
     "qwen2.5-omni": Model("qwen2.5-omni", "random weights at Qwen2.5-Omni-7B's published shapes", None,
-                          "random-7b-shaped"),
+                          "random-qwen2.5-omni-7b-shaped"),
     "qwen3-omni": Model("qwen3-omni", "random weights at Qwen3-Omni-30B-A3B's published shapes", None,
                         "random-qwen3-omni-30b-a3b-shaped"),
     "tiny-random": Model("qwen2.5-omni", "Qwen2.5-Omni's tiny random model", "tiny-random", "tiny-random"),
@@ -262,16 +262,14 @@ def model_folder(args) -> Path:
     """The folder both engines read: a tiny model's own, or the shapes written without weights
     (once; the same content every time, whichever half writes it)."""
     model = MODELS[args.model]
+    family = family_for(model.family)
     if model.tiny is not None:
-        package = "qwen3_omni" if model.family == "qwen3-omni" else "qwen2_5_omni"
-        tiny = importlib.import_module(f"inference.engine.reference.models.{package}.tiny")
-        return Path(tiny.ensure_tiny_model())
+        return Path(family.tiny_model_dir())
     folder = Path(args.model_dir or default_model_dir(args.model))
     if not (folder / "config.json").exists():
-        config, processor = (shapes.qwen3_30b_a3b_config() if model.family == "qwen3-omni"
-                             else shapes.qwen2_5_7b_config())
+        config, processor = family.published.published_config()
         prepare_for_vllm_omni(config, processor.tokenizer)
-        shapes.write_folder(config, processor, folder)
+        shapes.write_folder(family, config, processor, folder)
     return folder
 
 
@@ -320,7 +318,6 @@ async def reference_engine(args, folder: Path):
     import torch
 
     from inference.engine.reference import ReferenceEngine
-    from inference.engine.reference.models import family_for
 
     model = MODELS[args.model]
     device = torch.device(args.device if args.device != "auto" else

@@ -24,6 +24,8 @@ from transformers import AutoConfig, AutoProcessor
 from bench import vllm_omni_side_by_side as bench
 from bench.reference import shapes
 from bench.steady_mix import CallPattern, turn_lengths
+from inference.engine.reference.models.qwen2_5_omni import shapes as qwen2_5_shapes
+from inference.engine.reference.models.qwen3_omni import shapes as qwen3_shapes
 from tests.conftest import REPO
 
 FAKES = REPO / "tests" / "fakes"
@@ -66,8 +68,8 @@ def test_the_qwen3_omni_folder_holds_the_published_shapes_and_what_vllm_omni_rea
                        "assistant_token_id": "assistant", "tts_pad_token_id": "<|tts_pad|>",
                        "tts_bos_token_id": "<|tts_text_bos|>", "tts_eos_token_id": "<|tts_text_eod|>"}.items():
         assert getattr(config, key) == ids(token), key
-    # the published shapes (bench/reference/shapes.py QWEN3_30B_A3B), not the tiny model's
-    published = shapes.QWEN3_30B_A3B
+    # the published shapes (the family's shapes.py), not the tiny model's
+    published = qwen3_shapes.RELEASED
     text = config.thinker_config.text_config
     assert (text.hidden_size, text.num_hidden_layers, text.num_experts, text.vocab_size) == (
         2048, 48, 128, published["thinker_text"]["vocab_size"])
@@ -96,7 +98,7 @@ def test_the_qwen2_5_omni_folder_holds_its_speakers_and_every_thinker_id(tmp_pat
     tokenizer = AutoProcessor.from_pretrained(folder).tokenizer
     for key, token in bench.THINKER_TOKEN_IDS["qwen2_5_omni"].items():
         assert getattr(config.thinker_config, key) == tokenizer.convert_tokens_to_ids(token), key
-    speakers = torch.load(folder / shapes.SPEAKERS_FILE)
+    speakers = torch.load(folder / qwen2_5_shapes.SPEAKERS_FILE)
     assert set(speakers) == {"Chelsie", "Ethan"}
     assert all({"cond", "ref_mel", "bos_token"} <= set(voice) for voice in speakers.values())
     loaded = shapes.from_folder(folder, torch.device("meta"), torch.bfloat16)

@@ -4,7 +4,7 @@
 
 On a GPU it builds random weights at a family's published shapes in memory (`--model
 qwen2.5-omni`, the default: Qwen2.5-Omni-7B in bf16 with token2wav in fp32; `--model
-qwen3-omni`: Qwen3-Omni-30B-A3B; bench/reference/shapes.py) and measures the engine on them.
+qwen3-omni`: Qwen3-Omni-30B-A3B; each family's `shapes.py`) and measures the engine on them.
 `--model tiny-random` or `--model tiny-random-qwen3-omni` runs the same path on a family's
 tiny random model, on the CPU unless `--device` says otherwise. Every subcommand starts one
 engine per variant (`--variants`, see VARIANTS in harness.py) over the one model, prints what

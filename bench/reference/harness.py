@@ -97,10 +97,9 @@ async def load_model(args, device: torch.device) -> tuple[str, LoadedModel]:
         loaded = await asyncio.to_thread(family_for(args.model).load, args.model, device, torch.float32)
         return args.model, loaded
     dtype = resolve_dtype(args.dtype, device)
-    if args.model == "qwen3-omni":
-        return "random-qwen3-omni-30b-a3b-shaped", await asyncio.to_thread(
-            shapes.build_qwen3_30b_a3b_shaped, device, dtype)
-    return "random-7b-shaped", await asyncio.to_thread(shapes.build_7b_shaped, device, dtype)
+    family = family_for(args.model)
+    name = f"random-{family.published.NAME.lower()}-shaped"
+    return name, await asyncio.to_thread(shapes.build, family, device, dtype)
 
 
 def engine_options(args, device: torch.device, kv_slots: int, longest_reply_s: float = 0.0) -> dict:

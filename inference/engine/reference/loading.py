@@ -55,3 +55,17 @@ def checked_local_path(model: str) -> str:
         raise FileNotFoundError(f"model directory {model} does not exist (--model takes a checkpoint "
                                 "directory, a Hugging Face id such as Qwen/Qwen2.5-Omni-7B, or tiny-random)")
     return str(path) if path.is_dir() else model
+
+
+def random_weights(model_class, config, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """`model_class(config)` with its random initial weights, built on `device` in `dtype`
+    directly (what a benchmark at a released model's shapes runs: writing and reading tens of
+    GB of random weights would only cost time), in eval mode."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = model_class(config)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval()

@@ -10,6 +10,7 @@ read replies through `ReplyView` and never write their state: the loop does.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, ContextManager, Protocol, Sequence
 
 import numpy as np
@@ -167,11 +168,32 @@ class ModelRunner(Protocol):
         loop's buffers."""
 
 
+class PublishedShapes(Protocol):
+    """A family's released model at its published sizes with random weights (its `shapes.py`):
+    what benchmarks run with nothing downloaded, as vLLM's dummy weights do."""
+    NAME: str  # the released model, e.g. "Qwen3-Omni-30B-A3B"
+
+    def published_config(self) -> tuple[Any, Any]:
+        """(config, processor): the released config; the processor is the tiny model's."""
+
+    def write_extras(self, config, processor, folder: Path) -> None:
+        """What a checkpoint folder holds beside its config and processor (voices, say)."""
+
+    def random_model(self, config, processor, device: torch.device, dtype: torch.dtype,
+                     folder: Path | None = None):
+        """A `LoadedModel` of random weights for `config`, built on `device` directly;
+        `folder`: where `write_extras` wrote, if the model is read from a folder."""
+
+
 class ModelFamily:
     """A model family: what the engine asks of it. Subclasses are registered in
     models/__init__.py under the checkpoint `model_type`s they read."""
     name: str = ""
+    title: str = ""
     model_types: tuple[str, ...] = ()
+    tiny_name: str = ""            # its tiny random model's name (`--model tiny-random`, …)
+    name_hints: tuple[str, ...] = ()  # what a hub id's name says when it names the family
+    published: PublishedShapes  # its released model's shapes, for random weights
     style: PromptStyle
     talker_sampling: SamplingParams   # the talker's sampling, as the family's generate()
     # whether its prompts read pictures (`UserImage`: `style.image` says how, the runner's
@@ -184,6 +206,10 @@ class ModelFamily:
 
     def load(self, model: str, device: torch.device, dtype: torch.dtype):
         """A `LoadedModel` (loading.py) of `model`."""
+        raise NotImplementedError
+
+    def tiny_model_dir(self) -> Path:
+        """Its tiny random model's folder, built on first use and cached."""
         raise NotImplementedError
 
     def load_with(self, model: str, device: torch.device, dtype: torch.dtype, options):

@@ -12,6 +12,7 @@ from ...prompt import Prompt, PromptStyle
 from ...sampling import SamplingParams
 from ..base import ModelFamily, Positions, TalkerFeed
 from .vision import IMAGE_SPEC, VIDEO_LAYOUT, image_grid, image_spec_for, videos_grid
+from . import shapes
 from .options import Qwen2_5Options
 from .talker import codes_per_second
 from .token2wav_stream import StreamingToken2Wav
@@ -35,6 +36,7 @@ class Qwen2_5OmniFamily(ModelFamily):
     title = "Qwen2.5-Omni"
     model_types = ("qwen2_5_omni",)
     tiny_name = "tiny-random"
+    published = shapes
     name_hints = ("qwen2.5-omni",)
     options = Qwen2_5Options
     style = QWEN2_5_STYLE
@@ -42,6 +44,11 @@ class Qwen2_5OmniFamily(ModelFamily):
     reads_images = True
     reads_video = True
     image_spec = IMAGE_SPEC
+
+    def tiny_model_dir(self):
+        from .tiny import ensure_tiny_model
+
+        return ensure_tiny_model()
 
     def load(self, model, device, dtype):
         from .loading import load_model

@@ -16,6 +16,7 @@ from ...prompt import Prompt, PromptStyle
 from ...sampling import SamplingParams
 from ..base import ModelFamily, Positions, TalkerFeed
 from .code2wav_stream import StreamingCode2Wav
+from . import shapes
 from .options import Qwen3Options
 from .runner import START_ROWS
 from .vision import IMAGE_SPEC, VIDEO_LAYOUT, image_grid, image_spec_for, videos_grid
@@ -40,6 +41,7 @@ class Qwen3OmniFamily(ModelFamily):
     title = "Qwen3-Omni"
     model_types = ("qwen3_omni_moe",)
     tiny_name = "tiny-random-qwen3-omni"
+    published = shapes
     name_hints = ("qwen3-omni",)
     options = Qwen3Options
     style = QWEN3_STYLE
@@ -49,6 +51,11 @@ class Qwen3OmniFamily(ModelFamily):
     reads_images = True
     reads_video = True
     image_spec = IMAGE_SPEC
+
+    def tiny_model_dir(self):
+        from .tiny import ensure_tiny_model
+
+        return ensure_tiny_model()
 
     def load(self, model: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
         return self.load_with(model, device, dtype, Qwen3Options())
