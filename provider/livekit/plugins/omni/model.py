@@ -57,6 +57,12 @@ class RealtimeModel(llm.RealtimeModel):
             in a user item right before its audio (near-identical frames are dropped).
         video_detail: `"low"` (default: frames resized to about 448×448 pixels, ~200-256 image
             tokens) or `"high"` (about 1024×1024).
+        video_mode: `"pictures"` (default: the newest frames go as pictures before each turn) or
+            `"with_speech"`: the frames sampled while the caller speaks go with the turn's audio,
+            each placed in it, and the worker makes the turn one video, read as the models were
+            trained on video (about 224×224 pixels a frame; `video_frames_per_turn` and
+            `video_detail` are then unused). A worker that does not read video refuses it; the
+            frames then go as pictures.
         http_session: an aiohttp session to reuse; by default the job's, or one of our own.
     """
 
@@ -77,6 +83,7 @@ class RealtimeModel(llm.RealtimeModel):
         truncation: NotGivenOr[Truncation] = NOT_GIVEN,
         video_frames_per_turn: int = 1,
         video_detail: Literal["low", "high"] = "low",
+        video_mode: Literal["pictures", "with_speech"] = "pictures",
         http_session: aiohttp.ClientSession | None = None,
     ) -> None:
         super().__init__(
@@ -110,8 +117,11 @@ class RealtimeModel(llm.RealtimeModel):
             truncation=check_truncation(truncation) if is_given(truncation) else None,
             video_frames_per_turn=video_frames_per_turn,
             video_detail=video_detail,
+            video_mode=video_mode,
         )
         VideoInput(frames_per_turn=video_frames_per_turn, detail=video_detail)  # checks both: ValueError now
+        if video_mode not in ("pictures", "with_speech"):
+            raise ValueError(f"video_mode must be 'pictures' or 'with_speech', got {video_mode!r}")
         self._http_session = http_session
         self._owns_http_session = False
         self._sessions = weakref.WeakSet[RealtimeSession]()

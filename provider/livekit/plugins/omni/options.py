@@ -52,6 +52,9 @@ class ModelOptions:
     """The newest distinct video frames attached to a user turn (video.py)."""
     video_detail: Literal["low", "high"] = "low"
     """The pixel budget frames are resized to before encoding: low ~448×448, high ~1024×1024."""
+    video_mode: Literal["pictures", "with_speech"] = "pictures"
+    """How the camera goes to the worker: the newest frames as pictures before each turn
+    (video.py), or the turn's frames placed in its speech, read as video (speech_video.py)."""
 
 
 def resolve_url(url: str | None, *, env: str = URL_ENV) -> str:

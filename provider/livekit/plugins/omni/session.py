@@ -37,7 +37,7 @@ from livekit.agents.types import NOT_GIVEN, NotGivenOr
 from livekit.agents.utils import is_given
 from livekit.agents.voice.generation import remove_instructions
 
-from . import audio, video, wire
+from . import audio, speech_video, video, wire
 from .connection import FATAL_ERROR_CODES, WorkerRateLimited, connect
 from .generation import FunctionCallState, Generation, MessageStreams, heard_part, response_metrics
 from .input_turns import InputTurns, TrimInput
@@ -98,6 +98,11 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         self._video = video.VideoInput(frames_per_turn=options.video_frames_per_turn, detail=options.video_detail)
         self._video_refused = False  # the worker does not read pictures: frames are not even encoded
         self._picture_items: set[str] = set()  # the items of frames this session attached
+        # video_mode "with_speech": the turn's frames go with its audio (speech_video.py); None
+        # in "pictures" mode, or once the worker refused its session's input_video
+        self._speech_video = speech_video.SpeechVideo() if options.video_mode == "with_speech" else None
+        self._video_update_id: str | None = None  # the session.update that turns input_video on
+        self._turn_frames: dict[str, list[speech_video.TimedFrame]] = {}  # committed turn → its frames
 
         # the sender's queue: events, raw 16 kHz PCM16 to append (encoded when sent), rewinds
         self._outbox = utils.aio.Chan[OutboxItem]()
@@ -230,17 +235,39 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         if reconnecting and not self._turns.speech_heard and self._turns.pushed_samples > 2 * keep:
             # nobody speaks yet: the outage's silence would only lengthen the next turn
             self._send(TrimInput(keep_bytes=2 * keep))
+            self._trim_frames(keep)
             self._turns.pushed_samples = keep
 
     def push_video(self, frame: rtc.VideoFrame) -> None:
         # the framework's sampler already chose this frame; near-identical ones stop here,
-        # the others wait (resized and encoded) for the caller's next turn
+        # the others wait (resized and encoded) for the caller's next turn, as pictures or
+        # placed in its speech
         if self._video_refused or self._outbox.closed:
             return
         try:
-            self._video.push(frame)
+            if self._speech_video is not None:
+                self._speech_video.push(frame, at=self._turns.pushed_samples)
+            else:
+                self._video.push(frame)
         except Exception:
             logger.exception("could not take a video frame (%dx%d, %s)", frame.width, frame.height, frame.type)
+
+    def _trim_frames(self, keep: int) -> None:
+        if self._speech_video is not None:
+            self._speech_video.trimmed(self._turns.pushed_samples - keep)
+
+    def _attach_video(self, commit_id: str) -> None:
+        """What the camera showed goes right before the turn's commit: its frames placed in its
+        speech (video_mode "with_speech"), else the newest as pictures."""
+        if self._speech_video is None:
+            self._attach_pictures()
+            return
+        frames = self._speech_video.take(commit_id)
+        for frame in frames:
+            self._send(wire.append_frame(frame.picture.data_url, frame.audio_ms))
+        if frames:
+            self.emit("omni_video_frames_attached", {"item_id": None, "frames": len(frames),
+                                                     **self._speech_video.counts})
 
     def _attach_pictures(self) -> None:
         """The frames waiting for this turn go right before its commit, as one user item of
@@ -267,8 +294,9 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         for chunk in self._input.flush():
             self._send_input(chunk)
         if self._turns.pushed_samples >= MIN_COMMIT_SAMPLES:
-            self._attach_pictures()
-            self._send(wire.commit_audio())
+            commit = wire.commit_audio()
+            self._attach_video(commit["event_id"])
+            self._send(commit)
             self._turns.new_turn()
 
     def clear_audio(self) -> None:
@@ -405,8 +433,8 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             self._send_input(chunk)
         if self._turns.pushed_samples < MIN_COMMIT_SAMPLES:
             return False
-        self._attach_pictures()
         commit = wire.commit_audio()
+        self._attach_video(commit["event_id"])
         spec = Speculation(create_id=wire.event_id("response_create"), commit_id=commit["event_id"],
                            samples=self._turns.pushed_samples)
         self._speculation.current = spec
@@ -437,6 +465,7 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         keep = int(TURN_PADDING_S * audio.INPUT_SAMPLE_RATE)
         if self._turns.pushed_samples > keep:
             self._send(TrimInput(keep_bytes=2 * keep))
+            self._trim_frames(keep)
             self._turns.pushed_samples = keep
 
     def _adopt(self, spec: Speculation) -> asyncio.Future[llm.GenerationCreatedEvent]:
@@ -485,6 +514,10 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             self._speculation.withdrawn_commits.add(spec.commit_id)  # deleted when committed
         if keep_audio:
             self._send(RewindInput(spec))
+            if self._speech_video is not None:  # the turn's frames go back with its audio
+                frames = self._speech_video.sent.pop(spec.commit_id, None) \
+                    or self._turn_frames.pop(spec.item_id or "", [])
+                self._speech_video.rewound(frames, spec.samples)
             self._turns.pushed_samples += spec.samples
             self._turns.speech_heard = True
         self.emit("omni_speculative_reply", self._speculation.count("discarded"))
@@ -522,6 +555,8 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
 
     def _drop_input(self) -> None:
         self._input.clear()
+        if self._speech_video is not None:
+            self._speech_video.cleared()
         self._send(wire.clear_audio())
         self._turns.new_turn()
 
@@ -729,6 +764,11 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             input_transcription=self._opts.input_transcription, truncation=self._opts.truncation,
         )
         await self._send_now(ws, wire.session_update(session))
+        if self._speech_video is not None:
+            # an update of its own: a worker that does not read video refuses this alone
+            update = wire.session_update({"input_video": {"type": "with_speech"}}, kind="input_video")
+            self._video_update_id = update["event_id"]
+            await self._send_now(ws, update)
         if not replay:
             return
         self._assistant_audio_samples.clear()  # the new worker holds earlier replies as text
@@ -775,6 +815,8 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
                 continue
             turn_item = llm.ChatMessage(id=item_id, role="user",
                                         content=[llm.AudioContent(frame=[audio.input_frame(pcm)])])
+            if frames := self._turn_frames.pop(item_id, None):  # its video, as its newest frame
+                turn_item.content.insert(0, wire.picture_content(frames[-1].picture, "low"))
             event = wire.create_item(wire.chat_item_to_wire(turn_item), previous_item_id=None)
             if len(json.dumps(event)) > MAX_EVENT_BYTES:
                 logger.warning("user turn %s is too large to replay (a spoken turn of more than ~45 s); "
@@ -790,6 +832,8 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         for commit_id, pcm in committing:
             for start in range(0, len(pcm), REPLAY_APPEND_BYTES):
                 await self._send_now(ws, pcm[start:start + REPLAY_APPEND_BYTES])
+            for frame in self._speech_video.sent.get(commit_id, []) if self._speech_video is not None else []:
+                await self._send_now(ws, wire.append_frame(frame.picture.data_url, frame.audio_ms))
             await self._send_now(ws, {"type": "input_audio_buffer.commit", "event_id": commit_id})
         for start in range(0, len(turn), REPLAY_APPEND_BYTES):
             await self._send_now(ws, turn[start:start + REPLAY_APPEND_BYTES])
@@ -896,9 +940,16 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         if (op := self._item_ops.take_refused(event_id)) is not None:
             self._on_item_op_refused(op, code, message)
             return
+        if event_id is not None and event_id == self._video_update_id:
+            self._on_video_refused(code, message)
         if self._updates.refused(event_id, code, message):
             return
-        self._turns.refused(event_id)
+        if event_id is not None and event_id.startswith("frame_"):
+            # a frame the worker would not take: the turn goes on with the others
+            logger.warning("the omni worker refused a video frame: %s (%s)", message, code)
+            return
+        if self._turns.refused(event_id) and self._speech_video is not None:
+            self._speech_video.sent.pop(event_id, None)
         if event_id in self._speculation.withdrawn_commits:
             self._withdrawn_commit_settled(event_id)
             return
@@ -908,6 +959,14 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         logger.warning("omni worker error %s: %s", code, message)
         self._emit_error(APIError(f"omni worker error {code}: {message}", body=error, retryable=_retryable(error)),
                          recoverable=True)
+
+    def _on_video_refused(self, code: str | None, message: str) -> None:
+        """The worker does not take video with the speech: the camera goes as pictures."""
+        if self._speech_video is not None:
+            logger.warning("the omni worker does not take video with the speech (%s, %s); frames go as pictures "
+                           "of a turn", message, code)
+            self._speech_video = None
+            self._turn_frames.clear()
 
     def _on_item_op_refused(self, op: ItemOp, code: str | None, message: str) -> None:
         if code == "images_not_supported" and not self._video_refused:
@@ -937,6 +996,8 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
         item_id = event["item_id"]
         commit_id = self._turns.committing[0][0] if self._turns.committing else None
         self._turns.acknowledged(item_id)
+        if self._speech_video is not None and (frames := self._speech_video.sent.pop(commit_id or "", None)):
+            self._turn_frames[item_id] = frames
         if commit_id in self._speculation.withdrawn_commits:
             self._speculation.hidden_items.add(item_id)
             self._start_item_op(self._delete_op(item_id))
@@ -965,8 +1026,11 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
                 chat_item = op.chat_item
             else:
                 chat_item = wire.wire_item_to_chat_item(item)
+            frames = self._turn_frames.pop(item_id, None)
             if (pcm := self._turns.take_audio(item_id)) and isinstance(chat_item, llm.ChatMessage):
                 chat_item.content = [llm.AudioContent(frame=[audio.input_frame(pcm)])]
+                if frames:  # its video, kept as its newest frame: what a replay sends with the audio
+                    chat_item.content.insert(0, wire.picture_content(frames[-1].picture, "low"))
             previous = event.get("previous_item_id")
             if previous is not None and self._remote.get(previous) is None:
                 previous = self._remote.tail_id

@@ -76,10 +76,11 @@ def frame_image(frame: rtc.VideoFrame) -> Image.Image:
 def encode_frame(frame: rtc.VideoFrame, detail: Literal["low", "high"]) -> Picture:
     """One frame resized to the detail's budget and JPEG-encoded (a frame in a chat context)."""
     image = frame_image(frame)
-    return _encode(image, signature(image), DETAIL_PIXELS[detail])
+    return encode_image(image, signature(image), DETAIL_PIXELS[detail])
 
 
-def _encode(image: Image.Image, cells: np.ndarray, max_pixels: int) -> Picture:
+def encode_image(image: Image.Image, cells: np.ndarray, max_pixels: int) -> Picture:
+    """`image` within `max_pixels` (never enlarged), JPEG-encoded, with its thumbnail `cells`."""
     width, height = fit(image.width, image.height, max_pixels)
     if (width, height) != image.size:
         image = image.resize((width, height), Image.Resampling.BICUBIC)
@@ -121,7 +122,7 @@ class VideoInput:
             self._pending.clear()
             self.counts["dropped"] += 1
             return False
-        self._pending.append(_encode(image, cells, self.max_pixels))
+        self._pending.append(encode_image(image, cells, self.max_pixels))
         del self._pending[:-self.frames_per_turn]
         self.counts["encoded"] += 1
         return True

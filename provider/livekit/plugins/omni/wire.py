@@ -69,6 +69,12 @@ def append_audio(pcm16: bytes) -> Event:
     return {"type": "input_audio_buffer.append", "audio": audio.b64(pcm16)}
 
 
+def append_frame(data_url: str, audio_ms: int) -> Event:
+    """A camera frame of the turn, `audio_ms` into its input audio (session `input_video`)."""
+    return {"type": "input_video_buffer.append", "event_id": event_id("frame"), "image_url": data_url,
+            "audio_ms": audio_ms}
+
+
 def commit_audio() -> Event:
     return {"type": "input_audio_buffer.commit", "event_id": event_id("commit")}
 
@@ -208,6 +214,11 @@ def image_part(part: llm.ImageContent) -> dict[str, Any]:
     else:
         url = part.image
     return {"type": "input_image", "image_url": url, "detail": detail}
+
+
+def picture_content(picture: video.Picture, detail: str) -> llm.ImageContent:
+    return llm.ImageContent(image=picture.data_url, inference_detail=detail, mime_type="image/jpeg",  # type: ignore[arg-type]
+                            inference_width=picture.width, inference_height=picture.height)
 
 
 def picture_item(pictures: list[video.Picture], detail: str) -> llm.ChatMessage:
