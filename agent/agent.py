@@ -151,6 +151,7 @@ def realtime_model(config: AgentSettings) -> llm.RealtimeModel:
         # a call of any length keeps answering: its oldest turns leave the model's context,
         # the agent's chat context (transcripts) keeps them all
         truncation={"type": "retention_ratio", "retention_ratio": config.context_retention_ratio},
+        video_mode=config.vision_mode,
     )
 
 

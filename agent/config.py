@@ -144,6 +144,12 @@ class AgentSettings(BaseSettings):
         description="what the agent watches: camera (the caller's screen share when there is one, else their "
                     "camera), screen (screen shares only) or off; the worker's model must read pictures",
     )
+    vision_mode: Literal["pictures", "with_speech"] = Field(
+        "pictures", validation_alias="AGENT_VISION_MODE",
+        description="how what the agent watches goes to the model: pictures (the newest frame before each turn) "
+                    "or with_speech (the frames taken while the caller speaks, as one video with the turn's audio; "
+                    "the worker's model must read video, else frames go as pictures)",
+    )
 
     # Phone callers (LiveKit SIP, docs/sip.md).
     transfer_to: str = Field(

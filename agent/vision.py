@@ -14,7 +14,9 @@ the page shows.
 
 Which frames reach the model is the plugin's business (provider/livekit/plugins/omni/video.py):
 livekit-agents samples about one frame a second while the caller speaks, the plugin drops the
-near-identical ones and attaches the newest to the turn.
+near-identical ones and attaches the newest to the turn. With AGENT_VISION_MODE=with_speech
+(provider/livekit/plugins/omni/speech_video.py) it sends the turn's frames placed in its
+speech instead, and the worker makes the turn one video (the event's `item_id` is then null).
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ def kv_slots_for(sessions: int) -> int:
 # (GPU name as torch reports it, model family) → the calls it carries gap-free, random weights at
 # the published shapes (Qwen2.5-Omni-7B; Qwen3-Omni-30B-A3B). Where several call patterns were
 # measured, the figure is the lowest: with token2wav's closer batch buckets and the talker and
-# lm_head in int8 (2026-12-04) Qwen2.5-Omni carries 48 calls of 3 s in / 4 s replies (56: 15 %
+# lm_head in int8 Qwen2.5-Omni carries 48 calls of 3 s in / 4 s replies (56: 15 %
 # of replies gapped), 48 of a 1-6 s in / 1-10 s mix (the most run) and 40 of 2 s in / 8 s
 # replies (44: 15 %; 42 in a second run); Qwen3-Omni was measured at 3 s in / 4 s replies
 # only. A source names the run's log and, where the log holds several patterns, the pattern.

@@ -106,6 +106,21 @@ def test_the_model_plugin_can_be_livekits_own(monkeypatch: pytest.MonkeyPatch) -
         AgentSettings()
 
 
+def test_vision_mode_sends_the_camera_as_video_with_the_speech(monkeypatch: pytest.MonkeyPatch) -> None:
+    """AGENT_VISION_MODE=with_speech: the plugin sends the turn's frames with its audio; the
+    default stays pictures, and nothing else is taken."""
+    from agent.agent import realtime_model
+
+    assert AgentSettings().vision_mode == "pictures"
+    assert realtime_model(AgentSettings())._opts.video_mode == "pictures"
+    monkeypatch.setenv("AGENT_VISION", "camera")
+    monkeypatch.setenv("AGENT_VISION_MODE", "with_speech")
+    assert realtime_model(AgentSettings())._opts.video_mode == "with_speech"
+    monkeypatch.setenv("AGENT_VISION_MODE", "video")
+    with pytest.raises(ValidationError, match="AGENT_VISION_MODE"):
+        AgentSettings()
+
+
 def test_the_turn_detector_and_its_wait(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # noqa: ANN001
     s = AgentSettings()
     assert (s.turn_detector, s.unsure_delay_s) == ("v1-mini", 1.3)

@@ -44,7 +44,7 @@ from .tiny_models import cache_root
 logger = logging.getLogger(__name__)
 
 MIN_CONTEXT_TOKENS = 4096      # sized from memory, the context never gets shorter than this
-MODEL_CONTEXT_TOKENS = 32_768  # Qwen2.5-Omni's limit, when a config does not say
+MODEL_CONTEXT_TOKENS = 32_768  # where a text config gives no max_position_embeddings
 CONTEXT_STEP = 1024            # contexts sized from memory are multiples of this
 
 
@@ -390,7 +390,7 @@ class ReferenceEngine(OmniEngine):
     def _end_of_turn_ids(self) -> set[int]:
         eos = self.loaded.model.thinker.generation_config.eos_token_id
         ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
-        for marker in ("<|im_end|>", "<|endoftext|>"):  # end of turn / of text in Qwen chats
+        for marker in self.family.style.end_markers:
             token_id = self._single_token_id(marker)
             if token_id is not None:
                 ids.add(token_id)

@@ -47,11 +47,13 @@ class VideoLayout:
 class PromptStyle:
     """What differs between the model families' prompts: the system prompt the instructions
     follow ("" for none), how many audio tokens a clip of n mel frames takes, how the model
-    reads pictures (None: it reads none) and video with its speech (None: none)."""
+    reads pictures (None: it reads none) and video with its speech (None: none), and the
+    tokens besides the generation config's eos that end a reply (a chat's end of turn)."""
     system_prompt: str
     audio_tokens: Callable[[int], int]
     image: ImageSpec | None = None
     video: VideoLayout | None = None
+    end_markers: tuple[str, ...] = ()
 
 
 @dataclass

@@ -110,8 +110,8 @@ def code2wav_batch(overrides: dict[str, dict[str, Any]], deploy_config: str | No
 
     It matters for Qwen2.5-Omni: its code2wav (vllm-omni 0.26 to 0.30) reads all the codes of a
     step's batch as one utterance and hands the whole waveform to every reply in the batch.
-    With more than one at a time each caller hears the others' speech too (seen on the H200,
-    2026-12-01: at 4 sessions every reply held 8 s of audio for its own 4 s).
+    With more than one at a time each caller hears the others' speech too (seen on the H200: at
+    4 sessions every reply held twice its own audio; bench/results/JOURNAL.md).
     """
     batch = stage_setting(overrides, deploy_config, CODE2WAV, "max_num_seqs")
     return 1 if batch is None else int(batch)

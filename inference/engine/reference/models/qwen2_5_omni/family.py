@@ -25,7 +25,8 @@ def audio_tokens(frames: int) -> int:
 
 
 QWEN2_5_STYLE = PromptStyle(system_prompt=QWEN2_5_OMNI_SPEECH_SYSTEM_PROMPT, audio_tokens=audio_tokens,
-                            image=IMAGE_SPEC, video=VIDEO_LAYOUT)
+                            image=IMAGE_SPEC, video=VIDEO_LAYOUT,
+                            end_markers=("<|im_end|>", "<|endoftext|>"))  # ChatML's end of turn, of text
 # What Qwen2_5OmniForConditionalGeneration.generate passes to the talker by default.
 TALKER_SAMPLING = SamplingParams(
     do_sample=True, temperature=0.9, top_k=40, top_p=0.8, repetition_penalty=1.05)

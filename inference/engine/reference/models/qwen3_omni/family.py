@@ -33,7 +33,8 @@ def audio_tokens(frames: int) -> int:
     return rest_tokens + (frames // 100) * 13
 
 
-QWEN3_STYLE = PromptStyle(system_prompt="", audio_tokens=audio_tokens, image=IMAGE_SPEC, video=VIDEO_LAYOUT)
+QWEN3_STYLE = PromptStyle(system_prompt="", audio_tokens=audio_tokens, image=IMAGE_SPEC, video=VIDEO_LAYOUT,
+                          end_markers=("<|im_end|>", "<|endoftext|>"))  # ChatML's end of turn, of text
 
 
 class Qwen3OmniFamily(ModelFamily):
