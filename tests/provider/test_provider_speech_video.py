@@ -158,3 +158,31 @@ async def test_a_video_turn_is_replayed_after_a_reconnection(video_gateway, open
     assert context_kinds(request) == ["UserImage", "UserAudio", "AssistantText", "UserVideo"]
     assert request.context[1].item_id == before.item_id
     assert not any(not e.recoverable for e in rec.errors)
+
+
+# --------------------------------------------------------------------------- the frame keeper
+
+
+def test_frames_keep_their_place_through_trims_rewinds_and_turns(monkeypatch):
+    clip = speech_video.SpeechVideo()
+    assert clip.push(screen(shade=40), at=0) and clip.push(screen(shade=120), at=30_000)
+    assert not clip.push(screen(shade=121), at=31_000)  # near-identical to the newest: dropped
+    clip.trimmed(32_000)  # both came before what the trim kept: the newest stays, at the start
+    assert clip.push(screen(shade=200), at=8_000)
+    frames = clip.take("commit_1")
+    assert [(f.at, int(f.picture.signature.mean())) for f in frames] == [(0, 120), (8_000, 200)]
+    assert clip.sent["commit_1"] == frames
+    # the next turn starts with the scene this one ended on
+    assert clip.push(screen(shade=60), at=4_000)
+    # the committed turn comes back ahead of this one (a withdrawn speculative reply)
+    clip.rewound(clip.sent.pop("commit_1"), 16_000)
+    again = clip.take("commit_2")
+    assert [(f.at, int(f.picture.signature.mean())) for f in again] == [(0, 120), (8_000, 200), (20_000, 60)]
+    clip.cleared()
+    assert clip.pending == 1  # a dropped turn: the newest frame still shows the scene
+    # a camera that stopped sending starts no turn
+    clip.take("commit_3")
+    clip.push(screen(shade=10), at=0)
+    later = speech_video.time.monotonic() + speech_video.STALE_AFTER_S + 1
+    monkeypatch.setattr(speech_video.time, "monotonic", lambda: later)
+    assert len(clip.take("commit_4")) == 2 and clip.pending == 0

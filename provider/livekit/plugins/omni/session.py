@@ -928,9 +928,13 @@ class RealtimeSession(llm.RealtimeSession[ServerEvents]):
             if event_id == spec.create_id:
                 self._withdraw(spec, keep_audio=not spec.confirmed)
                 return
-            # the commit was refused, so the worker's buffer still holds the turn's audio
+            # the commit was refused, so the worker's buffer still holds the turn's audio (and
+            # its frames: the frames taken since come after them)
             self._speculation.current = None
             self._turns.refused(event_id)
+            if self._speech_video is not None:
+                self._speech_video.sent.pop(event_id, None)
+                self._speech_video.rewound([], spec.samples)
             self._turns.pushed_samples += spec.samples
             self._turns.speech_heard = True
             self._replies.discarded.add(spec.create_id)
