@@ -176,3 +176,33 @@ def test_marking_leaves_the_instructions_and_takes_every_client_text():
     assert marked[3]["content"] == plain_text.as_text("out") and marked[4]["content"] == plain_text.as_text("item")
     assert messages[1]["content"][0]["text"] == "hi"  # the input is not changed
     assert plain_text.as_text(plain_text.OPEN + "x") == plain_text.as_text("\ufffdx")
+
+
+def test_a_turns_video_is_counted_shared_with_the_engine_and_freed_with_its_audio():
+    """A turn committed with camera frames: its video's bytes are the session's, the engine's
+    UserVideo shares the frames and the clip's samples, and they go when the item leaves the
+    context; `limit_videos` frees the oldest turn's frames, keeping its audio."""
+    from inference.video import TurnVideo
+
+    conversation = Conversation(max_items=10, max_audio_s=60)
+    entries = []
+    for _ in range(2):
+        entry = audio_entry(1.0)
+        frames = np.zeros((4, 56, 84, 3), np.uint8)
+        entry.videos[0] = TurnVideo(frames, fps=2.0, tokens=12)
+        conversation.add(entry)
+        entries.append(entry)
+    first, second = entries
+    assert first.nbytes >= 16_000 * 4 + 4 * 56 * 84 * 3
+    videos = conversation.to_context()
+    assert [type(item) for item in videos] == [eng.UserVideo, eng.UserVideo]
+    assert np.shares_memory(videos[0].frames, first.videos[0].frames)
+    assert np.shares_memory(videos[0].audio, first.audio[0])
+    assert conversation.to_context()[0] is videos[0]  # made (and hashed) once
+    assert conversation.limit_videos(24) == []
+    before = conversation.nbytes
+    assert conversation.limit_videos(20) == [first.item.id]
+    assert conversation.nbytes == before - 4 * 56 * 84 * 3
+    assert [type(item) for item in conversation.to_context()] == [eng.UserAudio, eng.UserVideo]
+    conversation.leave_context([second.item.id])
+    assert not second.videos and second.nbytes < 4096
