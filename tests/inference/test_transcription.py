@@ -109,3 +109,26 @@ async def test_a_turn_deleted_before_its_transcription_is_skipped(gateway):
         await asyncio.sleep(1.0)
         assert len(gateway.engine.requests) == 1
         assert not [e for e in c.events if e["type"] in TRANSCRIPTION_TYPES and e["item_id"] == second]
+
+
+async def test_turns_past_the_queue_fail_at_once_and_the_queued_ones_are_still_transcribed(gateway):
+    gateway.engine.step_s = 0.3  # the first transcription runs while the next turns queue
+    async with await gateway.client() as c:
+        await c.update_session(audio={"input": {"transcription": {"model": "omni"}}})
+        # one running and the 8 a session may queue (InputTranscriber's max_pending), then 2 more
+        items = [await commit_turn(c, 0.2) for _ in range(11)]
+
+        def seen(type_: str) -> list[dict]:
+            return [e for e in c.events if e["type"] == type_]
+
+        async def until(type_: str, count: int) -> list[dict]:
+            while len(seen(type_)) < count:
+                await c.recv(20)
+            return seen(type_)
+
+        failed = await until(TRANSCRIPTION_TYPES[2], 2)
+        assert [e["item_id"] for e in failed] == items[9:]
+        assert {e["error"]["code"] for e in failed} == {"transcription_queue_full"}
+        gateway.engine.step_s = 0.0
+        completed = await until(TRANSCRIPTION_TYPES[1], 9)
+        assert [e["item_id"] for e in completed] == items[:9]
