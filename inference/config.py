@@ -43,6 +43,13 @@ class Limits(BaseSettings):
     max_item_parts: int = Field(32, ge=1, description="content parts in one item")
     max_id_chars: int = Field(128, ge=8, description="an id a client gives: event, item, previous item, call, response")
     max_name_chars: int = Field(64, ge=1, description="a function or tool name")
+    # the session's reader paces a client that sends faster: past the burst it reads no further
+    # event until the bytes are earned, so a flood waits in the client's socket instead of
+    # costing the worker's loop a parse per event while other sessions wait
+    client_bytes_per_s: int = Field(8 * 1024 * 1024, ge=64 * 1024, description="client event bytes one session "
+                                    "reads per second, sustained (audio in real time is about 43 kB/s)")
+    client_bytes_burst: int = Field(32 * 1024 * 1024, ge=64 * 1024, description="client event bytes one session "
+                                    "reads at once above that pace (a reconnecting client replays its conversation)")
     max_pending_transcriptions: int = Field(8, ge=1, description="committed turns waiting for their transcription")
     input_audio_speed: float = Field(4.0, gt=0, description="input audio appended per second of wall time, sustained, "
                                      "in seconds of audio (4: four times real time)")

@@ -21,6 +21,9 @@ class WorkerMetrics:
             "omni_sessions_rejected_total", "Connections refused before the upgrade", ["reason"], registry=r)
         self.slow_clients_dropped = Counter(
             "omni_slow_clients_dropped_total", "Sessions dropped because the client stopped reading", registry=r)
+        self.paced_reads = Counter(
+            "omni_paced_reads_total", "Client events after which a session waited: the client sent faster than "
+            "client_bytes_per_s", registry=r)
         self.connections_evicted = Counter(
             "omni_connections_evicted_total", "Connections without a session closed to make room for new ones",
             registry=r)

@@ -81,6 +81,9 @@ class RealtimeSession:
         # input audio pacing: a token bucket of seconds of audio, refilled at input_audio_speed
         self._audio_allowance = limits.input_audio_burst_s
         self._audio_allowance_at = time.monotonic()
+        # the reader's pace: a token bucket of client event bytes (Limits.client_bytes_per_s)
+        self._read_allowance = float(limits.client_bytes_burst)
+        self._read_allowance_at = time.monotonic()
         self._handlers = {
             "session.update": self._session_update,
             "input_audio_buffer.append": self._append,
@@ -119,8 +122,9 @@ class RealtimeSession:
                     await self.close(1000, "idle timeout", self._limits.handshake_timeout_s)
                     break
                 if msg.type == WSMsgType.TEXT:
-                    idle_deadline = loop.time() + idle_s
                     await self._on_text(msg.data)
+                    await self._pace_reader(len(msg.data))
+                    idle_deadline = loop.time() + idle_s
                 elif msg.type == WSMsgType.BINARY:
                     idle_deadline = loop.time() + idle_s
                     await self._error("invalid_event", "binary frames are not supported; send JSON text events")
@@ -154,6 +158,19 @@ class RealtimeSession:
         await self._error("worker_memory_pressure", message, server=True)
         await self._cancel_response("worker_memory_pressure")
         await self.close(1013, "worker out of memory", self._limits.handshake_timeout_s)
+
+    async def _pace_reader(self, size: int) -> None:
+        """Wait, before reading the next event, until a client that sent more than its pace has
+        earned these bytes: nothing is refused, the client's socket fills and TCP slows it."""
+        now = time.monotonic()
+        limits = self._limits
+        self._read_allowance = min(float(limits.client_bytes_burst),
+                                   self._read_allowance + (now - self._read_allowance_at) * limits.client_bytes_per_s)
+        self._read_allowance -= size
+        self._read_allowance_at = now
+        if self._read_allowance < 0:
+            self._metrics.paced_reads.inc()
+            await asyncio.sleep(-self._read_allowance / limits.client_bytes_per_s)
 
     def _check_memory(self, more: int, what: str, param: str | None = None) -> None:
         """Refuse what would take the session past its memory budget; changes nothing."""

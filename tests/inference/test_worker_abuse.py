@@ -541,3 +541,36 @@ async def test_the_memory_guard_refuses_sessions_then_closes_the_largest(tmp_pat
         no_traceback_since(worker, log_start)
     finally:
         worker.kill()
+
+
+async def test_a_client_sending_past_its_pace_is_read_at_the_pace_while_others_are_answered(tmp_path):
+    """Limits.client_bytes_per_s: a flood waits in the client's socket; the worker reads it no
+    faster than the pace, refuses nothing, and another session is served meanwhile."""
+    rate = 64 * 1024
+    worker = WorkerProcess(tmp_path, engine="scripted", env={
+        **BURST, "OMNI_LIMIT_CLIENT_BYTES_PER_S": str(rate), "OMNI_LIMIT_CLIENT_BYTES_BURST": str(rate)}).start()
+    try:
+        async with await RealtimeClient.connect(worker.url, worker.api_key) as flood, \
+                await RealtimeClient.connect(worker.url, worker.api_key) as other:
+            instructions = "x" * 30_000
+            sent = 0
+            started = time.monotonic()
+            for index in range(8):
+                event = json.dumps({"type": "session.update", "session": {"instructions": f"{index}{instructions}"}})
+                await flood.send_raw(event)
+                sent += len(event)
+            # the other session is read and answered while the flood waits to be read
+            assert (await other.update_session(instructions="not waiting"))["instructions"] == "not waiting"
+            other_answered = time.monotonic()
+            updates = [await flood.wait_for("session.updated", timeout=60) for _ in range(8)]
+            flood_read = time.monotonic()
+        assert [u["session"]["instructions"][0] for u in updates] == [str(i) for i in range(8)]
+        assert not [e for e in flood.events if e["type"] == "error"]
+        # no faster than the pace allows past its burst (a lower bound: a loaded machine is slower)
+        assert flood_read - started >= (sent - 2 * rate) / rate
+        assert other_answered < flood_read
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{worker.http_url}/metrics") as r:
+                assert "omni_paced_reads_total 0.0" not in await r.text()
+    finally:
+        worker.kill()
