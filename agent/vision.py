@@ -113,6 +113,10 @@ class VisionWatcher:
         if video_input is not None and pinned != self._pinned and hasattr(video_input, "set_track_sid"):
             video_input.set_track_sid(pinned)
             self._pinned = pinned
+        if isinstance(chosen, rtc.RemoteTrackPublication) and chosen.subscribed and chosen.simulcasted:
+            # the plugin resizes each frame to the model's budget itself: ask the SFU for the top
+            # layer, or a shared screen's text may reach the model from a blurred lower one
+            chosen.set_video_quality(rtc.VideoQuality.VIDEO_QUALITY_HIGH)
         now = watching(chosen)
         if now != self._watching:
             self._watching = now

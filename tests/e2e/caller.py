@@ -58,7 +58,9 @@ class StillScreen:
 
     async def publish(self, room: rtc.Room, source: rtc.TrackSource.ValueType) -> None:
         track = rtc.LocalVideoTrack.create_video_track("screen", self.source)
-        await room.local_participant.publish_track(track, rtc.TrackPublishOptions(source=source))
+        # one layer: with simulcast the SFU may forward a lower layer while its bandwidth estimate
+        # ramps up, and the picture's size (its tokens, which the tests count) would vary with load
+        await room.local_participant.publish_track(track, rtc.TrackPublishOptions(source=source, simulcast=False))
         self._task = asyncio.create_task(self._run(), name="caller-screen")
 
     async def _run(self) -> None:
