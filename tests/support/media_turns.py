@@ -9,6 +9,15 @@ from inference import images
 from inference.engine.base import GenerationRequest, ImageSpec, TextDelta, UserImage
 
 
+def media_request(context, *, instructions: str = "Answer briefly.", request_id: str = "r",
+                  modalities: tuple[str, ...] = ("text",), max_output_tokens: int = 8,
+                  **fields) -> GenerationRequest:
+    """A request over `context` (pictures, video, speech); a test module fixes its own defaults
+    with functools.partial."""
+    return GenerationRequest(request_id=request_id, instructions=instructions, context=context,
+                             modalities=modalities, max_output_tokens=max_output_tokens, **fields)
+
+
 def random_picture(width: int, height: int, seed: int, spec: ImageSpec, item_id: str | None = None) -> UserImage:
     """A random picture already at the model's size (as the worker hands it over)."""
     pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)

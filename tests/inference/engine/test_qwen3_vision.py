@@ -5,6 +5,7 @@ states before them, and a picture is encoded once across turns."""
 
 from __future__ import annotations
 
+import functools
 import dataclasses
 
 import numpy as np
@@ -15,12 +16,12 @@ import torch
 from inference import images
 from inference.engine import create_engine
 from inference.engine.base import (
-    AssistantText, Finished, GenerationRequest, PromptRead, UserAudio, UserText,
+    AssistantText, Finished, PromptRead, UserAudio, UserText,
 )
 from inference.engine.reference.models.qwen3_omni.vision import IMAGE_SPEC
 from inference.engine.reference.prompt import audio_features, build_prompt
 from inference.engine.reference.reply import Reply
-from tests.support.media_turns import collect, random_picture, speech, text_of
+from tests.support.media_turns import collect, media_request, random_picture, speech, text_of
 
 MODEL = "tiny-random-qwen3-omni"
 
@@ -31,12 +32,8 @@ def picture(width: int, height: int, seed: int, item_id: str | None = None):
     return random_picture(width, height, seed, IMAGE_SPEC, item_id)
 
 
-def request(context, **fields) -> GenerationRequest:
-    fields.setdefault("modalities", ("audio",))
-    fields.setdefault("max_output_tokens", 10)
-    fields.setdefault("voice", "Aiden")
-    return GenerationRequest(request_id=fields.pop("request_id", "r"), instructions="Be brief.",
-                             context=context, **fields)
+request = functools.partial(media_request, instructions="Be brief.", modalities=("audio",),
+                            max_output_tokens=10, voice="Aiden")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -18,7 +18,7 @@ from inference.engine import (
 )
 from inference.engine.reference.prompt import audio_features, build_messages, build_prompt
 from tests.support.scripted_engine import ScriptedEngine
-from tests.support.media_turns import collect, text_of
+from tests.support.media_turns import collect, media_request, text_of
 from tests.support.tiny_families import QWEN2_5, QWEN3, greedy_talker, one_family, qwen2_5_offline_reply
 
 asyncio_module = pytest.mark.asyncio(loop_scope="module")
@@ -34,11 +34,7 @@ def video(token_px: int, seed: int = 0) -> UserVideo:
     return UserVideo(frames, fps=FPS, audio=audio)
 
 
-def request(context, **fields) -> GenerationRequest:
-    fields.setdefault("modalities", ("text",))
-    fields.setdefault("max_output_tokens", 8)
-    return GenerationRequest(request_id=fields.pop("request_id", "r"), instructions="Answer briefly.",
-                             context=context, **fields)
+request = media_request
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

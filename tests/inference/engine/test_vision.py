@@ -5,6 +5,7 @@ never a different one, and usage counts image tokens (Qwen3-Omni's pictures: tes
 
 from __future__ import annotations
 
+import functools
 import numpy as np
 import pytest
 import pytest_asyncio
@@ -12,12 +13,12 @@ import torch
 
 from inference import images
 from inference.engine import (
-    AssistantText, EngineError, Finished, GenerationRequest, PromptRead, UserAudio, UserImage, UserText,
+    AssistantText, EngineError, Finished, PromptRead, UserAudio, UserImage, UserText,
 )
 from inference.engine.reference.models.qwen2_5_omni.family import QWEN2_5_STYLE
 from inference.engine.reference.models.qwen2_5_omni.vision import IMAGE_SPEC
 from inference.engine.reference.prompt import build_prompt
-from tests.support.media_turns import collect, random_picture, speech, text_of
+from tests.support.media_turns import collect, media_request, random_picture, speech, text_of
 from tests.support.tiny_families import QWEN2_5, TINY_FAMILIES, greedy_talker, qwen2_5_offline_reply
 
 asyncio_module = pytest.mark.asyncio(loop_scope="module")
@@ -27,11 +28,7 @@ def picture(width: int, height: int, seed: int, item_id: str | None = None):
     return random_picture(width, height, seed, IMAGE_SPEC, item_id)
 
 
-def request(context, **fields) -> GenerationRequest:
-    fields.setdefault("modalities", ("text",))
-    fields.setdefault("max_output_tokens", 6)
-    return GenerationRequest(request_id=fields.pop("request_id", "r"), instructions="Answer briefly.",
-                             context=context, **fields)
+request = functools.partial(media_request, max_output_tokens=6)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
