@@ -74,6 +74,26 @@ class StillScreen:
             await asyncio.gather(self._task, return_exceptions=True)
 
 
+class MovingScreen(StillScreen):
+    """A video track that shows `pictures` (RGB uint8 H×W×3, all one size) in turn, each for
+    `hold_s`, a frame every 1 / `fps` s: a scene that changes while the caller speaks."""
+
+    def __init__(self, pictures: list[np.ndarray], *, hold_s: float = 0.5, fps: float = 5.0) -> None:
+        super().__init__(pictures[0], fps=fps)
+        height, width, _ = pictures[0].shape
+        alpha = np.full((height, width, 1), 255, np.uint8)
+        self._frames = [rtc.VideoFrame(width, height, rtc.VideoBufferType.RGBA,
+                                       np.concatenate([p, alpha], axis=-1).tobytes()) for p in pictures]
+        self._hold_s = hold_s
+
+    async def _run(self) -> None:
+        started = time.monotonic()
+        while True:
+            shown = int((time.monotonic() - started) / self._hold_s) % len(self._frames)
+            self.source.capture_frame(self._frames[shown])
+            await asyncio.sleep(self._period)
+
+
 @dataclass
 class Utterance:
     started_at: float  # first sample handed to WebRTC
