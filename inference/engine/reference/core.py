@@ -182,6 +182,8 @@ class EngineCore:
         if stepping:
             worked = True
             self._launch_talker_step(stepping, pending)
+        if plan.prefill:
+            self._encode_pictures_together(plan.prefill)
         for reply, start, end in plan.prefill:
             worked = True
             first = self._guard([reply], lambda: self._prefill(reply, start, end))
@@ -228,6 +230,23 @@ class EngineCore:
             self.stats.count(started, launched, read, decoded, time.monotonic(), len(thinker),
                              len(stepping), len(speaking))
         return worked
+
+    def _encode_pictures_together(self, chunks: list[tuple[Reply, int, int]]) -> None:
+        """When the step's prompt chunks read a picture the encoder cache lacks: every new
+        picture the prompts being prefilled read, this step's and those of their later chunks
+        (the next steps'), of all sessions, through the vision encoder as one batch, one pass
+        over its weights instead of one a picture; the chunks then find them cached. Should it
+        fail, each chunk encodes its own pictures, so a bad one fails only its reply."""
+        cache = self.runner.encoder_cache
+        if not any(p.key not in cache.entries for reply, start, end in chunks
+                   for p in reply.prompt.pictures_in(start, end)):
+            return
+        pictures = [p for reply in self.scheduler.running if reply.phase is Phase.PREFILL
+                    for p in reply.prompt.pictures_in(reply.prefilled, reply.prompt.length)]
+        try:
+            cache.encode_together(pictures)
+        except Exception:
+            logger.exception("encoding %d pictures as one batch failed; each is encoded on its own", len(pictures))
 
     def _prefill(self, reply: Reply, start: int, end: int) -> torch.Tensor | None:
         """A chunk of the reply's prompt. Once the whole prompt is in, its first token: chosen

@@ -21,13 +21,16 @@ class EncoderCache:
     least recently used are dropped past `max_bytes`. Clips and pictures share the budget;
     their hashes are their keys (`Prompt.media_keys`)."""
 
-    def __init__(self, encode: Callable[[Media], torch.Tensor], max_bytes: int) -> None:
+    def __init__(self, encode: Callable[[Media], torch.Tensor], max_bytes: int,
+                 encode_pictures: Callable[[list[Picture]], list[torch.Tensor]] | None = None) -> None:
         self.encode_clip = encode  # clip or picture → (its tokens, H) on the device
+        self.encode_pictures = encode_pictures  # pictures → each one's rows, as one encoder batch
         self.max_bytes = max_bytes
         self.entries: OrderedDict[int, torch.Tensor] = OrderedDict()
         self.bytes = 0
         self.readers: dict[str, set[int]] = {}  # session -> what its latest prompt reads
         self.encoded = 0  # clips and pictures run through an encoder (for tests and metrics)
+        self.batches = 0  # vision-encoder runs over several pictures at once (`encode_together`)
 
     def rows(self, clips: list[Media], first: int, count: int) -> torch.Tensor:
         """(count, H): the encoder output rows [first, first + count) of the clips' (pictures')
@@ -46,6 +49,23 @@ class EncoderCache:
             self.entries.move_to_end(clip.key)
             return out
         out = self.encode_clip(clip)
+        self._keep(clip, out)
+        return out
+
+    def encode_together(self, pictures: list[Picture]) -> None:
+        """The pictures not yet cached, through the vision encoder as one batch, when there are
+        several (an engine step's, from all the sessions it prefills): one pass over the
+        encoder's weights for all of them instead of one per picture. A failure leaves them
+        uncached, each then encoded on its own by its prompt's prefill."""
+        new = list({p.key: p for p in pictures if p.key not in self.entries}.values())
+        if len(new) < 2 or self.encode_pictures is None:
+            return
+        outs = self.encode_pictures(new)
+        self.batches += 1
+        for picture, out in zip(new, outs, strict=True):
+            self._keep(picture, out)
+
+    def _keep(self, clip: Media, out: torch.Tensor) -> None:
         if out.shape[0] != clip.tokens:
             raise ValueError(f"the encoder gave {out.shape[0]} rows for a {type(clip).__name__.lower()} "
                              f"of {clip.tokens} tokens")
@@ -55,7 +75,6 @@ class EncoderCache:
         while self.bytes > self.max_bytes and len(self.entries) > 1:
             _, dropped = self.entries.popitem(last=False)
             self.bytes -= dropped.numel() * dropped.element_size()
-        return out
 
     def read_by(self, session_id: str | None, keys: set[int]) -> None:
         """`session_id`'s newest prompt reads these clips and pictures: those its earlier prompt

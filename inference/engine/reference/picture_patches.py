@@ -22,15 +22,18 @@ def patch_grid(pictures: list[Picture], merge: int) -> torch.Tensor | None:
     return torch.tensor([[1, p.rows * merge, p.cols * merge] for p in pictures], dtype=torch.long)
 
 
-def picture_patches(image_processor, picture: Picture) -> tuple[torch.Tensor, torch.Tensor]:
-    """(pixel values, grid (1, 3)) of one picture, cut without resizing."""
-    # a writable copy: the processor hands the array to torch, which warns about read-only ones
-    out = image_processor(images=[picture.pixels.copy()], do_resize=False, return_tensors="pt")
-    grid = patch_grid([picture], image_processor.merge_size)
+def picture_patches(image_processor, pictures: list[Picture]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pixel values, grid (pictures, 3)) of pictures of any sizes, cut without resizing; their
+    patches lie end to end, picture after picture, as the encoder reads a batch of them."""
+    # writable copies: the processor hands the arrays to torch, which warns about read-only ones
+    out = image_processor(images=[picture.pixels.copy() for picture in pictures], do_resize=False,
+                          return_tensors="pt")
+    grid = patch_grid(pictures, image_processor.merge_size)
     if not torch.equal(out["image_grid_thw"], grid):
         token_px = image_processor.patch_size * image_processor.merge_size
-        raise ValueError(f"the image processor cut a {picture.cols * token_px}×{picture.rows * token_px} picture "
-                         f"into grid {out['image_grid_thw'].tolist()}, not {grid.tolist()}")
+        sizes = ", ".join(f"{p.cols * token_px}×{p.rows * token_px}" for p in pictures)
+        raise ValueError(f"the image processor cut pictures of {sizes} into grids "
+                         f"{out['image_grid_thw'].tolist()}, not {grid.tolist()}")
     return out["pixel_values"], grid
 
 

@@ -72,6 +72,7 @@ class Picture:
     pixels: np.ndarray      # uint8 H×W×3
     rows: int               # image tokens down (H / ImageSpec.token_px)
     cols: int               # and across
+    start: int = -1         # where its first image token is in the prompt (set by build_prompt)
 
     @property
     def tokens(self) -> int:
@@ -114,6 +115,10 @@ class Prompt:
     @property
     def length(self) -> int:
         return int(self.input_ids.shape[1])
+
+    def pictures_in(self, start: int, end: int) -> list[Picture]:
+        """The pictures with image tokens in [start, end) (a prompt chunk's)."""
+        return [p for p in self.pictures if p.start < end and start < p.start + p.tokens]
 
     @property
     def media_keys(self) -> set[int]:
@@ -229,6 +234,8 @@ def build_prompt(processor, request: GenerationRequest, style: PromptStyle,
             raise ValueError(f"{len(placeholders)} placeholders in the prompt for {len(items)} {what}")
         repeats[placeholders] = [len(item.layout) + 2 if what == "videos" else item.tokens for item in items]
     keys = np.repeat(ids, repeats)
+    for start, picture in zip((np.cumsum(repeats) - repeats)[ids == image_id], pictures):
+        picture.start = int(start)
     if videos:
         starts = (np.cumsum(repeats) - repeats)[ids == video_id]
         audio_bos, audio_eos = token(processor.audio_bos_token), token(processor.audio_eos_token)

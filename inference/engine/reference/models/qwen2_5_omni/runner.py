@@ -43,7 +43,7 @@ from .joined_layers import join_projections, joined_decoder_layer, talker_layer,
 from .talker import suppressed_codes
 from .token2wav_runner import Token2WavRunner
 from .token2wav_stream import ChunkPlan
-from .vision import encode_picture, encode_video
+from .vision import encode_pictures, encode_video
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class Qwen2_5Runner(DeviceRunner):
         tower = self.thinker.audio_tower
         self.audio_encoder = (ChunkedAudioEncoder(tower, device, dtype, self.capture_stream, self.graph_pool)
                               if ChunkedAudioEncoder.supports(tower) else None)
-        self.encoder_cache = EncoderCache(self._encode, encoder_cache_bytes)
+        self.encoder_cache = EncoderCache(self._encode, encoder_cache_bytes, encode_pictures=self._encode_pictures)
         self.buckets = batch_buckets(slots)
         self.thinker_decode = ThinkerDecode(self, thinker_layer, cuda_graphs, compile)
         self.talker_decode = _TalkerDecode(self, cuda_graphs, compile)
@@ -202,10 +202,14 @@ class Qwen2_5Runner(DeviceRunner):
                 raise ValueError("this runner was built without a video processor: it reads no video")
             return encode_video(self.thinker, self.video_processor, item, self.device)
         if isinstance(item, Picture):
-            if self.image_processor is None:
-                raise ValueError("this runner was built without an image processor: it reads no pictures")
-            return encode_picture(self.thinker, self.image_processor, item, self.device)
+            return self._encode_pictures([item])[0]
         return self._encode_clip(item)
+
+    def _encode_pictures(self, pictures: list[Picture]) -> list[torch.Tensor]:
+        """(tokens, H) of each picture, the pictures encoded as one batch."""
+        if self.image_processor is None:
+            raise ValueError("this runner was built without an image processor: it reads no pictures")
+        return encode_pictures(self.thinker, self.image_processor, pictures, self.device)
 
     def _encode_clip(self, clip: Clip) -> torch.Tensor:
         """(audio tokens, H) of one clip: its chunks batched (audio_encoder.py), or where that

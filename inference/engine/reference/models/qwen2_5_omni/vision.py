@@ -2,8 +2,8 @@
 output (the thinker's rows at its image tokens).
 
 Pictures are cut as picture_patches.py says (14 px patches, merged 2×2 into one 28 px token)
-and encoded one at a time (the encoder's attention runs per picture anyway); a batch of
-several sessions' pictures, or CUDA graphs for the encoder, would save launches on a GPU.
+and encoded in batches: a step's new pictures, of every session, go through the encoder
+together (the engine loop's `encode_together`); its attention stays within each picture.
 """
 
 from __future__ import annotations
@@ -41,9 +41,10 @@ def encode_video(thinker, video_processor, video: Video, device: torch.device) -
     return features.pooler_output[0]
 
 
-def encode_picture(thinker, image_processor, picture: Picture, device: torch.device) -> torch.Tensor:
-    """(picture tokens, H): the vision encoder's output for one picture, merged 2×2 as the
-    thinker reads it."""
-    pixel_values, grid = picture_patches(image_processor, picture)
+def encode_pictures(thinker, image_processor, pictures: list[Picture], device: torch.device) -> list[torch.Tensor]:
+    """For each picture, (its tokens, H): the vision encoder's output, merged 2×2 as the thinker
+    reads it. The pictures go through the encoder as one batch (its attention, windowed or
+    whole, stays within each picture)."""
+    pixel_values, grid = picture_patches(image_processor, pictures)
     features = thinker.get_image_features(pixel_values.to(device), grid.to(device), return_dict=True)
-    return features.pooler_output[0]
+    return list(features.pooler_output)

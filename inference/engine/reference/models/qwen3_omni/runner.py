@@ -46,7 +46,7 @@ from ..base import ProfiledStep
 from .code2wav_runner import Code2WavRunner
 from .code2wav_stream import Code2WavPlan
 from .layers import predictor_layer, talker_layer, thinker_layer
-from .vision import encode_picture, encode_video, split_features
+from .vision import encode_pictures, encode_video, split_features
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class Qwen3Runner(DeviceRunner):
         self.feature_extractor = processor.feature_extractor
         self.image_processor = processor.image_processor
         self.video_processor = processor.video_processor
-        self.encoder_cache = EncoderCache(self._encode, encoder_cache_bytes)
+        self.encoder_cache = EncoderCache(self._encode, encoder_cache_bytes, encode_pictures=self._encode_pictures)
         self.buckets = batch_buckets(slots)
         self.thinker_decode = ThinkerDecode(self, thinker_layer, cuda_graphs, compile)
         buckets = [size for size in PREFILL_BUCKETS if size < prefill_chunk_tokens] + [prefill_chunk_tokens]
@@ -270,7 +270,7 @@ class Qwen3Runner(DeviceRunner):
             windows = [r.audio.next_window(final=not r.audio.ready()) for r in replies]
             return self.code2wav.decode(windows)
 
-    # ----------------------------------------------------------------- audio encoder
+    # ----------------------------------------------------------------- encoders
 
     def _encode(self, item: Clip | Picture | Video) -> torch.Tensor:
         """What the thinker reads at one clip's (picture's, video's) tokens: (tokens, H) for a
@@ -278,8 +278,12 @@ class Qwen3Runner(DeviceRunner):
         if isinstance(item, Video):
             return encode_video(self.thinker, self.video_processor, item, self.device)
         if isinstance(item, Picture):
-            return encode_picture(self.thinker, self.image_processor, item, self.device)
+            return self._encode_pictures([item])[0]
         return self._encode_clip(item)
+
+    def _encode_pictures(self, pictures: list[Picture]) -> list[torch.Tensor]:
+        """(tokens, (1 + deepstack) × H) of each picture, the pictures encoded as one batch."""
+        return encode_pictures(self.thinker, self.image_processor, pictures, self.device)
 
     def _encode_clip(self, clip: Clip) -> torch.Tensor:
         features, mask = audio_features(self.feature_extractor, [clip.samples])

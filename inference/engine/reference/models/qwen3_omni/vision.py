@@ -35,12 +35,14 @@ def image_grid(pictures: list[Picture]) -> torch.Tensor | None:
     return patch_grid(pictures, MERGE)
 
 
-def encode_picture(thinker, image_processor, picture: Picture, device: torch.device) -> torch.Tensor:
-    """(picture tokens, (1 + deepstack) × H): the encoder's rows for the image tokens, then
-    each deepstack layer's rows, side by side (module doc)."""
-    pixel_values, grid = picture_patches(image_processor, picture)
+def encode_pictures(thinker, image_processor, pictures: list[Picture], device: torch.device) -> list[torch.Tensor]:
+    """For each picture, (its tokens, (1 + deepstack) × H): the encoder's rows for its image
+    tokens, then each deepstack layer's rows, side by side (module doc). The pictures go
+    through the encoder as one batch (its attention stays within each picture)."""
+    pixel_values, grid = picture_patches(image_processor, pictures)
     out = thinker.get_image_features(pixel_values.to(device), grid.to(device), return_dict=True)
-    return torch.cat([out.pooler_output[0], *(layer[0] for layer in out.deepstack_features)], dim=-1)
+    return [torch.cat([rows, *(layer[k] for layer in out.deepstack_features)], dim=-1)
+            for k, rows in enumerate(out.pooler_output)]
 
 
 def videos_grid(videos: list[Video]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -48,7 +50,7 @@ def videos_grid(videos: list[Video]) -> tuple[torch.Tensor | None, torch.Tensor 
 
 
 def encode_video(thinker, video_processor, video: Video, device: torch.device) -> torch.Tensor:
-    """(video tokens, (1 + deepstack) × H): as `encode_picture`, for one video's frames."""
+    """(video tokens, (1 + deepstack) × H): as `encode_pictures`, for one video's frames."""
     pixel_values, grid = video_patches(video_processor, video)
     out = thinker.get_video_features(pixel_values.to(device), grid.to(device), return_dict=True)
     return torch.cat([out.pooler_output[0], *(layer[0] for layer in out.deepstack_features)], dim=-1)
