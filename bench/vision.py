@@ -3,6 +3,7 @@
     python -m bench.vision [--model tiny-random-qwen3-omni|tiny-random|qwen3-omni|qwen2.5-omni|PATH]
                            [--device auto|cpu|cuda] [--preset exact|fast] [--repeats 5]
                            [--sessions 4] [--turns 4] [--reply-seconds 2] [--detail low|high]
+                           [--pictures-one-at-a-time]
 
 `qwen3-omni` and `qwen2.5-omni` are random weights at the published shapes, as
 `python -m bench.reference` builds them (a GPU run); a path is a checkpoint.
@@ -16,7 +17,9 @@ speaks `--input-seconds` of audio, and
   not send again), so the second turn reads it from the prefix cache.
 Then `--sessions` calls at once take `--turns` turns each, audio only and then with a new frame
 on every turn (the camera on: the plugin sends at most one frame a turn), and the wall time and
-first-audio median of the two are compared.
+first-audio median of the two are compared; the engine encodes the new pictures of the
+prompts it prefills at once as one vision-encoder batch (counted), unless
+`--pictures-one-at-a-time`.
 
 The frame is resized as the worker resizes it (inference/images.py, the `--detail` budget,
 the engine's own `image_spec`). First audio is the time from the request to its first audio
@@ -148,6 +151,8 @@ async def run(args) -> None:
     try:
         if not engine.reads_images:
             raise SystemExit(f"{args.model}: this engine does not read pictures")
+        if args.pictures_one_at_a_time:
+            engine.runner.encoder_cache.encode_pictures = None
         frame = camera_frame(engine, seed=0, detail=args.detail)
         print(f"{args.model} on {engine.device}: a 640×360 frame at {args.detail} detail is "
               f"{frame.width}×{frame.height}, {frame.tokens} image tokens; {args.input_seconds} s of speech a turn, replies of {args.reply_seconds} s")
@@ -158,12 +163,15 @@ async def run(args) -> None:
               f"({statistics.median(times['new']) / base:.2f}×); cached frame "
               f"{1000 * statistics.median(times['cached']):.0f} ms ({statistics.median(times['cached']) / base:.2f}×)")
         audio_wall, audio_firsts = await steady(engine, args, camera=False)
+        cache = engine.runner.encoder_cache
+        encoded, batches = cache.encoded, cache.batches
         camera_wall, camera_firsts = await steady(engine, args, camera=True)
         audio_p50, camera_p50 = statistics.median(audio_firsts), statistics.median(camera_firsts)
         print(f"{args.sessions} calls × {args.turns} turns: audio only {audio_wall:.1f} s (first audio median "
               f"{1000 * audio_p50:.0f} ms); camera on {camera_wall:.1f} s ({1000 * camera_p50:.0f} ms, "
               f"{camera_p50 / audio_p50:.2f}×); turns per second with the camera on: "
-              f"{audio_wall / camera_wall:.0%} of audio only")
+              f"{audio_wall / camera_wall:.0%} of audio only; clips and pictures encoded "
+              f"{cache.encoded - encoded}, vision-encoder batches of several pictures {cache.batches - batches}")
     finally:
         await engine.close()
 
@@ -182,6 +190,8 @@ def main() -> None:
     parser.add_argument("--reply-seconds", type=float, default=2.0,
                         help="each reply's speech (played in real time: the calls listen)")
     parser.add_argument("--detail", choices=("low", "high"), default="low")
+    parser.add_argument("--pictures-one-at-a-time", action="store_true",
+                        help="no vision-encoder batches across sessions (what the batches save)")
     asyncio.run(run(parser.parse_args()))
 
 
