@@ -10,6 +10,9 @@ import torch
 from .prompt import Clip, Picture, Video
 
 Media = Union[Clip, Picture, Video]
+# the most image tokens one vision-encoder batch takes (4 patches each): its activations grow
+# with the batch, and pictures past it are encoded by a later batch or their own prefill
+MAX_BATCH_TOKENS = 8192
 
 
 class EncoderCache:
@@ -55,9 +58,15 @@ class EncoderCache:
     def encode_together(self, pictures: list[Picture]) -> None:
         """The pictures not yet cached, through the vision encoder as one batch, when there are
         several (an engine step's, from all the sessions it prefills): one pass over the
-        encoder's weights for all of them instead of one per picture. A failure leaves them
-        uncached, each then encoded on its own by its prompt's prefill."""
-        new = list({p.key: p for p in pictures if p.key not in self.entries}.values())
+        encoder's weights for all of them instead of one per picture, up to
+        `MAX_BATCH_TOKENS`, in order. A failure leaves them uncached, each then encoded on its
+        own by its prompt's prefill."""
+        new, tokens = [], 0
+        for picture in {p.key: p for p in pictures if p.key not in self.entries}.values():
+            if new and tokens + picture.tokens > MAX_BATCH_TOKENS:
+                break
+            new.append(picture)
+            tokens += picture.tokens
         if len(new) < 2 or self.encode_pictures is None:
             return
         outs = self.encode_pictures(new)

@@ -10,10 +10,14 @@ import asyncio
 import functools
 import time
 
+import numpy as np
 import pytest
 import pytest_asyncio
+import torch
 
 from inference.engine import Finished, UserText
+from inference.engine.reference import encoder_cache
+from inference.engine.reference.prompt import Picture
 from tests.support.media_turns import collect, media_request, random_picture, text_of
 
 asyncio_module = pytest.mark.asyncio(loop_scope="module")
@@ -100,3 +104,25 @@ async def test_a_failed_batch_leaves_each_picture_to_its_own_prefill(engine, mon
     assert cache.encoded - encoded == SESSIONS
     assert all(isinstance(deltas[-1], Finished) for deltas in together)
     assert [text_of(deltas) for deltas in together] == alone
+
+
+def test_a_batch_stops_at_its_token_cap_and_skips_what_is_cached(monkeypatch):
+    """Pictures past `MAX_BATCH_TOKENS` wait for a later batch (or their own prefill); cached
+    and repeated pictures are not encoded again."""
+    monkeypatch.setattr(encoder_cache, "MAX_BATCH_TOKENS", 10)
+    batches: list[list[int]] = []
+
+    def encode_pictures(pictures):
+        batches.append([p.key for p in pictures])
+        return [torch.zeros(p.tokens, 4) for p in pictures]
+
+    cache = encoder_cache.EncoderCache(lambda item: torch.zeros(item.tokens, 4), 1 << 20,
+                                       encode_pictures=encode_pictures)
+    pixels = np.zeros((2, 2, 3), np.uint8)
+    a, b, c, d = (Picture(key=k, pixels=pixels, rows=2, cols=2) for k in (1, 2, 3, 4))  # 4 tokens each
+    cache.encode(a)
+    cache.encode_together([a, b, b, c, d])
+    assert batches == [[2, 3]]  # a cached, b once, d past the cap (4 + 4 + 4 > 10)
+    cache.encode_together([d])
+    assert batches == [[2, 3]] and d.key not in cache.entries  # one picture is its prefill's to encode
+    assert cache.batches == 1 and cache.encoded == 3
