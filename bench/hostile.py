@@ -22,6 +22,8 @@ the control turns take instead of a fixed count:
   create-cancel     40 items of 32,000 characters, then short question / response.create /
                     response.cancel after 0-0.3 s, in a loop
   slow-reader       1 MB items, no echo read, until the worker drops it; then again
+  busy-call         not an attack: an ordinary second session, a short question and its whole
+                    reply, again and again (what any second call costs the control)
 
 The attacker shares this machine's cores with the worker, as it would share a host's.
 A control turn that fails (an error, no audio, a timeout, a refused connection) makes the
@@ -170,6 +172,24 @@ async def create_cancel(url: str, key: str, stop, smoke: bool) -> str:
     return counts.line()
 
 
+async def busy_call(url: str, key: str, stop, smoke: bool) -> str:
+    """Not an attack: an ordinary session asking short questions back to back and hearing each
+    reply out (the storm's `max_output_tokens`, no cancel), what any second call costs the
+    control; the row the attacks compare with."""
+    counts = Counts()
+    async with await RealtimeClient.connect(url, key) as c:
+        index = 0
+        while not stop.is_set():
+            index += 1
+            await c.send("conversation.item.create", event_id="q", item=user_text(f"and now? {index}"))
+            await reply(c, "q", ("conversation.item.done",), counts)
+            await c.send("response.create", event_id="create", response={"max_output_tokens": 4})
+            done = await c.wait_for("response.done", 60)
+            counts.add(f"responses {done['response']['status']}")
+            c.events.clear()
+    return counts.line()
+
+
 def slow_reader(url: str, key: str, stop, smoke: bool) -> str:
     counts = Counts()
     port = int(url.split(":")[2].split("/")[0])
@@ -198,7 +218,7 @@ def slow_reader(url: str, key: str, stop, smoke: bool) -> str:
 
 
 ATTACKS = {"text-flood": text_flood, "audio-flood": audio_flood, "transcription": transcription_loop,
-           "create-cancel": create_cancel, "slow-reader": slow_reader}
+           "create-cancel": create_cancel, "slow-reader": slow_reader, "busy-call": busy_call}
 
 
 def run_attack(name: str, url: str, key: str, smoke: bool, stop, results) -> None:
