@@ -149,6 +149,19 @@ async def transcription_loop(url: str, key: str, stop, smoke: bool) -> str:
     return counts.line()
 
 
+async def ask(c: RealtimeClient, index: int, counts: Counts) -> None:
+    """A short question, then `response.create` (event id "create") for a 4-token reply."""
+    await c.send("conversation.item.create", event_id="q", item=user_text(f"and now? {index}"))
+    await reply(c, "q", ("conversation.item.done",), counts)
+    await c.send("response.create", event_id="create", response={"max_output_tokens": 4})
+
+
+async def response_done(c: RealtimeClient, counts: Counts) -> None:
+    done = await c.wait_for("response.done", 60)
+    counts.add(f"responses {done['response']['status']}")
+    c.events.clear()
+
+
 async def create_cancel(url: str, key: str, stop, smoke: bool) -> str:
     counts = Counts()
     rng = np.random.default_rng(0)
@@ -159,16 +172,12 @@ async def create_cancel(url: str, key: str, stop, smoke: bool) -> str:
         index = 0
         while not stop.is_set():
             index += 1
-            await c.send("conversation.item.create", event_id="q", item=user_text(f"and now? {index}"))
-            await reply(c, "q", ("conversation.item.done",), counts)
-            await c.send("response.create", event_id="create", response={"max_output_tokens": 4})
+            await ask(c, index, counts)
             if (await reply(c, "create", ("response.created",), counts))["type"] == "error":
                 continue
             await asyncio.sleep(float(rng.uniform(0.0, 0.3)))
             await c.send("response.cancel", event_id="cancel")
-            done = await c.wait_for("response.done", 60)
-            counts.add(f"responses {done['response']['status']}")
-            c.events.clear()
+            await response_done(c, counts)
     return counts.line()
 
 
@@ -181,12 +190,8 @@ async def busy_call(url: str, key: str, stop, smoke: bool) -> str:
         index = 0
         while not stop.is_set():
             index += 1
-            await c.send("conversation.item.create", event_id="q", item=user_text(f"and now? {index}"))
-            await reply(c, "q", ("conversation.item.done",), counts)
-            await c.send("response.create", event_id="create", response={"max_output_tokens": 4})
-            done = await c.wait_for("response.done", 60)
-            counts.add(f"responses {done['response']['status']}")
-            c.events.clear()
+            await ask(c, index, counts)
+            await response_done(c, counts)
     return counts.line()
 
 

@@ -50,6 +50,26 @@ class ClientError(Exception):
         self.code, self.message, self.param = code, message, param
 
 
+class TokenBucket:
+    """`burst` at once, refilled at `per_s`; a take may leave it owing (below zero). (The agent
+    has its own, agent/rate_limit.py: the worker's distribution does not depend on the agent's.)"""
+
+    def __init__(self, per_s: float, burst: float) -> None:
+        self.per_s, self.burst = per_s, float(burst)
+        self._level, self._at = self.burst, time.monotonic()
+
+    def available(self) -> float:
+        now = time.monotonic()
+        self._level = min(self.burst, self._level + (now - self._at) * self.per_s)
+        self._at = now
+        return self._level
+
+    def take(self, amount: float) -> float:
+        """Take `amount`; returns what is now owed (0 when none)."""
+        self._level = self.available() - amount
+        return max(0.0, -self._level)
+
+
 class RealtimeSession:
     def __init__(self, ws: web.WebSocketResponse, transport: asyncio.BaseTransport | None, engine: eng.OmniEngine,
                  limits: Limits, metrics: WorkerMetrics) -> None:
@@ -78,12 +98,10 @@ class RealtimeSession:
             spec=engine.image_spec, low_pixels=limits.video_frame_pixels, high_pixels=limits.video_frame_pixels,
             max_bytes=limits.max_image_bytes, max_source_pixels=limits.max_image_source_pixels)
         self._transcriber = InputTranscriber(engine, self.conversation, self.send, limits.max_pending_transcriptions)
-        # input audio pacing: a token bucket of seconds of audio, refilled at input_audio_speed
-        self._audio_allowance = limits.input_audio_burst_s
-        self._audio_allowance_at = time.monotonic()
-        # the reader's pace: a token bucket of client event bytes (Limits.client_bytes_per_s)
-        self._read_allowance = float(limits.client_bytes_burst)
-        self._read_allowance_at = time.monotonic()
+        # input audio pacing: seconds of audio, refilled at input_audio_speed
+        self._audio_allowance = TokenBucket(limits.input_audio_speed, limits.input_audio_burst_s)
+        # the reader's pace: client event bytes (Limits.client_bytes_per_s)
+        self._read_allowance = TokenBucket(limits.client_bytes_per_s, limits.client_bytes_burst)
         self._handlers = {
             "session.update": self._session_update,
             "input_audio_buffer.append": self._append,
@@ -162,15 +180,10 @@ class RealtimeSession:
     async def _pace_reader(self, size: int) -> None:
         """Wait, before reading the next event, until a client that sent more than its pace has
         earned these bytes: nothing is refused, the client's socket fills and TCP slows it."""
-        now = time.monotonic()
-        limits = self._limits
-        self._read_allowance = min(float(limits.client_bytes_burst),
-                                   self._read_allowance + (now - self._read_allowance_at) * limits.client_bytes_per_s)
-        self._read_allowance -= size
-        self._read_allowance_at = now
-        if self._read_allowance < 0:
+        owed = self._read_allowance.take(size)
+        if owed > 0:
             self._metrics.paced_reads.inc()
-            await asyncio.sleep(-self._read_allowance / limits.client_bytes_per_s)
+            await asyncio.sleep(owed / self._read_allowance.per_s)
 
     def _check_memory(self, more: int, what: str, param: str | None = None) -> None:
         """Refuse what would take the session past its memory budget; changes nothing."""
@@ -379,18 +392,14 @@ class RealtimeSession:
     def _pace_audio(self, seconds: float) -> None:
         """A token bucket of seconds of audio: a client may send input audio at
         `input_audio_speed` times real time, after a burst of `input_audio_burst_s`."""
-        now = time.monotonic()
         limits = self._limits
-        self._audio_allowance = min(limits.input_audio_burst_s, self._audio_allowance
-                                    + (now - self._audio_allowance_at) * limits.input_audio_speed)
-        self._audio_allowance_at = now
-        if seconds > self._audio_allowance:
+        if seconds > self._audio_allowance.available():
             raise ClientError(
                 "input_audio_rate_exceeded",
                 f"input audio is arriving faster than {limits.input_audio_speed:g} times real time (after a burst "
                 f"of {limits.input_audio_burst_s:g} s); this append of {seconds:.2f} s is refused: send audio "
                 "as it is spoken", "audio")
-        self._audio_allowance -= seconds
+        self._audio_allowance.take(seconds)
 
     def _buffer_add(self, pcm16k: np.ndarray) -> None:
         if pcm16k.size:

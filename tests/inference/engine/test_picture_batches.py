@@ -45,10 +45,10 @@ def turns(engine, seed: int) -> list:
             for k, (w, h) in enumerate(sizes)]
 
 
-def admitted_together(engine, monkeypatch, count: int) -> None:
-    """The engine loop takes in its first new request only once `count` are waiting in its
-    inbox, so all their prompts are being prefilled before the first chunk runs (the loop
-    drains its inbox before a step)."""
+async def replies_together(engine, monkeypatch, requests) -> list[list]:
+    """Each request's deltas, the engine loop taking in its first new request only once all
+    are waiting in its inbox, so all their prompts are being prefilled before the first chunk
+    runs (the loop drains its inbox before a step)."""
     core = engine.core
     original = core._apply
     held = []
@@ -57,11 +57,12 @@ def admitted_together(engine, monkeypatch, count: int) -> None:
         if kind == "add" and not held:
             held.append(value)
             deadline = time.monotonic() + 30
-            while core.inbox.qsize() < count - 1 and time.monotonic() < deadline:
+            while core.inbox.qsize() < len(requests) - 1 and time.monotonic() < deadline:
                 time.sleep(0.005)
         return original(kind, value)
 
     monkeypatch.setattr(core, "_apply", apply)
+    return await asyncio.gather(*(collect(engine, req) for req in requests))
 
 
 async def replies_alone(engine, requests) -> list[str]:
@@ -79,8 +80,7 @@ async def test_a_steps_new_pictures_are_encoded_as_one_batch(engine, monkeypatch
     alone = await replies_alone(engine, requests)
     cache = engine.runner.encoder_cache
     batches, encoded = cache.batches, cache.encoded
-    admitted_together(engine, monkeypatch, SESSIONS)
-    together = await asyncio.gather(*(collect(engine, req) for req in requests))
+    together = await replies_together(engine, monkeypatch, requests)
     assert cache.batches - batches == 1, "the three pictures were not encoded as one batch"
     assert cache.encoded - encoded == SESSIONS  # each once, none again by its own prefill
     assert [text_of(deltas) for deltas in together] == alone
@@ -98,8 +98,7 @@ async def test_a_failed_batch_leaves_each_picture_to_its_own_prefill(engine, mon
         raise RuntimeError("out of memory for a batch of pictures")
 
     monkeypatch.setattr(cache, "encode_pictures", broken)
-    admitted_together(engine, monkeypatch, SESSIONS)
-    together = await asyncio.gather(*(collect(engine, req) for req in requests))
+    together = await replies_together(engine, monkeypatch, requests)
     assert cache.batches == batches
     assert cache.encoded - encoded == SESSIONS
     assert all(isinstance(deltas[-1], Finished) for deltas in together)
