@@ -152,7 +152,7 @@ async def run(args) -> None:
         if not engine.reads_images:
             raise SystemExit(f"{args.model}: this engine does not read pictures")
         if args.pictures_one_at_a_time:
-            engine.runner.encoder_cache.encode_pictures = None
+            engine.runner.encoder_cache.max_batch_tokens = 0
         frame = camera_frame(engine, seed=0, detail=args.detail)
         print(f"{args.model} on {engine.device}: a 640×360 frame at {args.detail} detail is "
               f"{frame.width}×{frame.height}, {frame.tokens} image tokens; {args.input_seconds} s of speech a turn, replies of {args.reply_seconds} s")

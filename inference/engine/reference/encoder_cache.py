@@ -10,9 +10,6 @@ import torch
 from .prompt import Clip, Picture, Video
 
 Media = Union[Clip, Picture, Video]
-# the most image tokens one vision-encoder batch takes (4 patches each): its activations grow
-# with the batch, and pictures past it are encoded by a later batch or their own prefill
-MAX_BATCH_TOKENS = 8192
 
 
 class EncoderCache:
@@ -34,6 +31,10 @@ class EncoderCache:
         self.readers: dict[str, set[int]] = {}  # session -> what its latest prompt reads
         self.encoded = 0  # clips and pictures run through an encoder (for tests and metrics)
         self.batches = 0  # vision-encoder runs over several pictures at once (`encode_together`)
+        # the most image tokens one batch takes (EngineOptions.picture_batch_tokens; 0: no
+        # batches): its activations grow with it, and pictures past it are encoded by a later
+        # batch or their own prefill
+        self.max_batch_tokens = 8192
 
     def rows(self, clips: list[Media], first: int, count: int) -> torch.Tensor:
         """(count, H): the encoder output rows [first, first + count) of the clips' (pictures')
@@ -59,11 +60,11 @@ class EncoderCache:
         """The pictures not yet cached, through the vision encoder as one batch, when there are
         several (an engine step's, from all the sessions it prefills): one pass over the
         encoder's weights for all of them instead of one per picture, up to
-        `MAX_BATCH_TOKENS`, in order. A failure leaves them uncached, each then encoded on its
+        `max_batch_tokens`, in order. A failure leaves them uncached, each then encoded on its
         own by its prompt's prefill."""
         new, tokens = [], 0
         for picture in {p.key: p for p in pictures if p.key not in self.entries}.values():
-            if new and tokens + picture.tokens > MAX_BATCH_TOKENS:
+            if tokens + picture.tokens > self.max_batch_tokens:
                 break
             new.append(picture)
             tokens += picture.tokens

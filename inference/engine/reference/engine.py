@@ -193,6 +193,7 @@ class ReferenceEngine(OmniEngine):
             slots=slots, thinker_capacity=self.context_tokens,
             talker_capacity=self.context_tokens + speech_codes,
             talker_sampling=self.settings.talker_sampling)
+        self.runner.encoder_cache.max_batch_tokens = options.picture_batch_tokens
         self._audio_stream = family.audio_stream(self.runner, self.family_options, options)
         self._talker_end_codes = family.talker_end_codes(model)
         self.scheduler = Scheduler(

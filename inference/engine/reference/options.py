@@ -79,6 +79,9 @@ class EngineOptions:
     talker_ahead_chunks: int = Field(2, ge=0, description=(
         "a talker this many chunks' worth of codes ahead of its audio waits for the decoder (0: no limit)"))
     encoder_cache_mb: int = Field(512, ge=0, description="audio-encoder outputs kept for reuse across turns")
+    picture_batch_tokens: int = Field(8192, ge=0, description=(
+        "image tokens one vision-encoder batch takes: the new pictures of all the prompts being "
+        "prefilled are encoded together up to it (0: each picture alone, in its prompt's prefill)"))
     max_new_tokens: int | None = Field(None, ge=1, description=(
         "cap on the thinker's reply (512; 48 for the tiny models); a request can only lower it"))
     max_audio_seconds: float | None = Field(None, gt=0, description=(

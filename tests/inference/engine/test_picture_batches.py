@@ -105,10 +105,9 @@ async def test_a_failed_batch_leaves_each_picture_to_its_own_prefill(engine, mon
     assert [text_of(deltas) for deltas in together] == alone
 
 
-def test_a_batch_stops_at_its_token_cap_and_skips_what_is_cached(monkeypatch):
-    """Pictures past `MAX_BATCH_TOKENS` wait for a later batch (or their own prefill); cached
+def test_a_batch_stops_at_its_token_cap_and_skips_what_is_cached():
+    """Pictures past `max_batch_tokens` wait for a later batch (or their own prefill); cached
     and repeated pictures are not encoded again."""
-    monkeypatch.setattr(encoder_cache, "MAX_BATCH_TOKENS", 10)
     batches: list[list[int]] = []
 
     def encode_pictures(pictures):
@@ -117,6 +116,7 @@ def test_a_batch_stops_at_its_token_cap_and_skips_what_is_cached(monkeypatch):
 
     cache = encoder_cache.EncoderCache(lambda item: torch.zeros(item.tokens, 4), 1 << 20,
                                        encode_pictures=encode_pictures)
+    cache.max_batch_tokens = 10
     pixels = np.zeros((2, 2, 3), np.uint8)
     a, b, c, d = (Picture(key=k, pixels=pixels, rows=2, cols=2) for k in (1, 2, 3, 4))  # 4 tokens each
     cache.encode(a)
